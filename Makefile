@@ -1,0 +1,38 @@
+# Two commands matter: `make study` (run the default study on CPU) and `make test`.
+# Both create .venv if it is missing and install kanlib with its notebook and test extras.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU wheel of torch; the package itself accepts any torch >= 2.6 (see pyproject.toml).
+TORCH_PIN ?= torch==2.13.0
+STAMP := $(VENV)/.kanlib-installed
+OUT ?= outputs
+NB_OUT := $(OUT)/notebooks
+PAPERMILL := $(PY) -m papermill --cwd notebooks --log-output --progress-bar
+
+.PHONY: install study test test-fast bench clean-outputs
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[notebooks,test]"
+	touch $(STAMP)
+
+study: $(STAMP)
+	mkdir -p $(NB_OUT)
+	$(PAPERMILL) notebooks/01_strong_scaling.ipynb $(NB_OUT)/01_strong_scaling.ipynb
+	$(PAPERMILL) notebooks/01_strong_scaling_analysis.ipynb $(NB_OUT)/01_strong_scaling_analysis.ipynb
+	@echo "Study written under $(OUT)/ (figures in $(OUT)/figures/, executed notebooks in $(NB_OUT)/)"
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests notebooks --nbval-lax
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests -m "not slow and not slurm"
+
+clean-outputs:
+	rm -rf $(OUT)/*
+	touch $(OUT)/.gitkeep

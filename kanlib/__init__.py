@@ -1,0 +1,10 @@
+"""kanlib: Kolmogorov-Arnold Networks trained with PyTorch DDP, and the study of how that scales."""
+
+__version__ = "0.1.0"
+
+from kanlib.bspline import bspline_basis, make_grid  # noqa: E402
+from kanlib.config import ConfigError, RunConfig  # noqa: E402
+from kanlib.model import KAN, MLP, KANLinear, build_model, count_params  # noqa: E402
+
+__all__ = ["bspline_basis", "make_grid", "RunConfig", "ConfigError", "KANLinear", "KAN", "MLP",
+           "build_model", "count_params", "__version__"]

@@ -1,0 +1,283 @@
+"""Result records: provenance, atomic writing, tolerant loading into a tidy DataFrame, and the
+derived quantities of the study (speedup, efficiency, Karp-Flatt, bootstrap intervals).
+
+The record schema is documented in docs/schema.md. Derived quantities are computed here from
+records and never stored in them.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import glob
+import json
+import os
+import socket
+import subprocess
+import uuid
+import warnings
+
+import numpy as np
+import pandas as pd
+
+SCHEMA_VERSION = 1
+RECORD_NAME = "record.json"
+STEPS_NAME = "steps.csv"
+CONFIG_NAME = "config.json"
+STEP_COLUMNS = ["step", "measured", "step_time_s", "forward_s", "backward_s", "optimizer_s",
+                "comm_total_s", "loss"]
+ENV_PREFIXES = ("NCCL_", "TORCH_", "GLOO_", "OMP_", "MASTER_", "KANLIB_")
+
+
+class RecordError(ValueError):
+    """A record file could not be read (strict mode); the message names the file and line."""
+
+
+class NoRecordsError(FileNotFoundError):
+    """No record was found under the given folder."""
+
+
+# -- provenance ----------------------------------------------------------------------------
+def git_sha() -> str:
+    """The commit of the checkout this package runs from, or 'unknown'."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        sha = out.stdout.strip()
+        if out.returncode == 0 and sha:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                                   capture_output=True, text=True, timeout=5).stdout.strip()
+            return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def provenance() -> dict:
+    """Where and with what a run ran: versions, host, SLURM job, relevant environment variables."""
+    import torch
+
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception:  # NCCL missing from this build
+            nccl = None
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "nccl_version": nccl,
+        "device_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "git_sha": git_sha(),
+        "hostname": socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
+        "launcher": os.environ.get("KANLIB_LAUNCHER", "local" if "RANK" in os.environ else "none"),
+        "env": env,
+    }
+
+
+def new_run_id() -> str:
+    """A unique id for one attempt of a run."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+# -- writing -------------------------------------------------------------------------------
+def atomic_write_json(path: str, obj: dict) -> None:
+    """Write ``obj`` to a temporary file, fsync it and rename it into place."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True, default=_json_default)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, tuple):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+class StepWriter:
+    """Appends one CSV row per step to ``steps.csv`` and flushes it, so a killed run keeps its rows."""
+
+    def __init__(self, path: str):
+        new = not os.path.exists(path) or os.path.getsize(path) == 0
+        self._f = open(path, "a", newline="")
+        self._w = csv.DictWriter(self._f, fieldnames=STEP_COLUMNS)
+        if new:
+            self._w.writeheader()
+            self._f.flush()
+
+    def write(self, row: dict) -> None:
+        self._w.writerow({k: row.get(k) for k in STEP_COLUMNS})
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+# -- loading -------------------------------------------------------------------------------
+def find_record_files(root: str) -> list[str]:
+    """Every ``record.json`` below ``root`` (sorted)."""
+    return sorted(glob.glob(os.path.join(root, "**", RECORD_NAME), recursive=True))
+
+
+def load_records(root: str, study: str | None = None, strict: bool = False) -> pd.DataFrame:
+    """All run records under ``root`` as one row each (nested ``env`` flattened as ``env.X``).
+
+    A record that cannot be read (truncated, not JSON, not an object, no schema_version) is
+    skipped and named in ``df.attrs['bad']`` as ``(file, line, reason)`` with a warning; with
+    ``strict=True`` it raises :class:`RecordError`. No record at all raises
+    :class:`NoRecordsError` saying where it looked.
+    """
+    files = find_record_files(root)
+    rows, bad = [], []
+    for path in files:
+        try:
+            with open(path) as f:
+                text = f.read()
+            rec = json.loads(text)
+            if not isinstance(rec, dict) or "schema_version" not in rec:
+                raise ValueError("not a run record (no schema_version)")
+        except (OSError, ValueError) as e:
+            line = getattr(e, "lineno", None)
+            reason = getattr(e, "msg", None) or str(e)
+            if strict:
+                raise RecordError(f"{path}" + (f", line {line}" if line else "") + f": {reason}") from e
+            bad.append((path, line, reason))
+            continue
+        if study is not None and rec.get("study") != study:
+            continue
+        rows.append(_flatten(rec))
+    if bad:
+        warnings.warn(f"skipped {len(bad)} unreadable record(s): "
+                      + "; ".join(f"{p} line {ln}: {r}" for p, ln, r in bad), stacklevel=2)
+    if not rows:
+        what = f" of study {study!r}" if study else ""
+        raise NoRecordsError(f"no records{what} under {os.path.abspath(root)}"
+                             + (f" ({len(bad)} unreadable)" if bad else ""))
+    df = pd.DataFrame(rows)
+    df.attrs["bad"] = bad
+    if "world_size" in df:
+        df = df.sort_values(["study", "world_size", "repeat"], kind="stable").reset_index(drop=True)
+    df.attrs["bad"] = bad
+    return df
+
+
+def load_steps(run_dir: str) -> pd.DataFrame:
+    """The per-step rows of one run (long format)."""
+    return pd.read_csv(os.path.join(run_dir, STEPS_NAME))
+
+
+def _flatten(rec: dict) -> dict:
+    out = {}
+    for k, v in rec.items():
+        if isinstance(v, dict):
+            for k2, v2 in v.items():
+                out[f"{k}.{k2}"] = v2
+        elif isinstance(v, list):
+            out[k] = tuple(v)
+        else:
+            out[k] = v
+    return out
+
+
+# -- statistics ----------------------------------------------------------------------------
+def bootstrap_ci(values, stat=np.median, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
+    """Percentile bootstrap interval of ``stat`` over ``values``: ``(low, high)``.
+
+    With one value the interval is that value on both sides (no spread can be estimated).
+    """
+    a = np.asarray(values, dtype=float)
+    a = a[np.isfinite(a)]
+    if a.size == 0:
+        return float("nan"), float("nan")
+    if a.size == 1:
+        return float(a[0]), float(a[0])
+    rng = np.random.default_rng(seed)
+    boots = stat(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
+    alpha = (1 - level) / 2
+    return float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha))
+
+
+def karp_flatt(speedup, n):
+    """Experimentally determined serial fraction ``e = (1/S - 1/N) / (1 - 1/N)`` (NaN at N = 1)."""
+    s = np.asarray(speedup, dtype=float)
+    n = np.asarray(n, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(n > 1, (1 / s - 1 / n) / (1 - 1 / n), np.nan)
+
+
+def amdahl_speedup(n, serial_fraction):
+    """Amdahl's law ``S(N) = 1 / (s + (1 - s) / N)``."""
+    n = np.asarray(n, dtype=float)
+    return 1.0 / (serial_fraction + (1.0 - serial_fraction) / n)
+
+
+def fit_amdahl(n, speedup) -> float:
+    """Least-squares serial fraction ``s`` in [0, 1] of Amdahl's law through the points (N, S).
+
+    Linear in ``u = 1/S = s (1 - 1/N) + 1/N``, so ``s`` has a closed form.
+    """
+    n = np.asarray(n, dtype=float)
+    s = np.asarray(speedup, dtype=float)
+    a = 1 - 1 / n
+    y = 1 / s - 1 / n
+    if not np.any(a > 0):
+        return float("nan")
+    return float(np.clip(np.sum(a * y) / np.sum(a * a), 0.0, 1.0))
+
+
+def scaling_table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, ...] = (),
+                  n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Strong-scaling table: one row per (``by`` groups, world size) with the median of ``metric``
+    over repeats, its bootstrap 95% interval, the speedup ``T(1) / T(N)`` (with an interval from
+    resampling both), the efficiency ``S / N`` and the Karp-Flatt serial fraction.
+
+    ``T(1)`` is the median at the smallest world size of the group (normally 1); speedup and
+    efficiency are relative to it, scaled by that world size.
+    """
+    if metric not in df:
+        raise KeyError(f"column {metric!r} is not in the records (have: {', '.join(df.columns)})")
+    rows = []
+    groups = df.groupby(list(by), dropna=False) if by else [((), df)]
+    rng = np.random.default_rng(seed)
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        sizes = sorted(g["world_size"].unique())
+        n0 = sizes[0]
+        base = g.loc[g["world_size"] == n0, metric].to_numpy(float)
+        t0 = float(np.median(base))
+        for n in sizes:
+            v = g.loc[g["world_size"] == n, metric].to_numpy(float)
+            med = float(np.median(v))
+            lo, hi = bootstrap_ci(v, n_boot=n_boot, seed=seed)
+            boots = (np.median(base[rng.integers(0, base.size, (n_boot, base.size))], axis=1)
+                     / np.median(v[rng.integers(0, v.size, (n_boot, v.size))], axis=1))
+            sp = t0 / med * n0
+            rows.append({**dict(zip(by, key)), "world_size": int(n), "n_runs": int(v.size),
+                         metric: med, f"{metric}_lo": lo, f"{metric}_hi": hi,
+                         "speedup": sp, "speedup_lo": float(np.quantile(boots, 0.025)) * n0,
+                         "speedup_hi": float(np.quantile(boots, 0.975)) * n0,
+                         "efficiency": sp / n})
+    out = pd.DataFrame(rows)
+    out["karp_flatt"] = karp_flatt(out["speedup"], out["world_size"])
+    return out
