@@ -146,8 +146,23 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def run(cfg: RunConfig, *, timeout_s: float | None = None, echo=None, max_restarts: int = 0) -> dict:
-    """Launch ``cfg`` with local torchrun (``nproc_per_node`` processes) and return its record."""
+LAUNCHERS = ("local", "slurm")
+
+
+def run(cfg: RunConfig, *, launcher: str = "local", launcher_opts: dict | None = None,
+        timeout_s: float | None = None, echo=None, max_restarts: int = 0) -> dict:
+    """Launch ``cfg`` and return its record.
+
+    ``launcher='local'`` runs one torchrun with ``nproc_per_node`` processes on this machine;
+    ``launcher='slurm'`` submits it to SLURM (see runners/slurm.py; ``launcher_opts`` are its
+    site settings).
+    """
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"launcher: unknown value {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
+    if launcher == "slurm":
+        from runners.slurm import run_slurm
+
+        return run_slurm(cfg, timeout_s=timeout_s, echo=echo, **(launcher_opts or {}))
     check_environment(cfg)
     run_dir = cfg.run_dir()
     os.makedirs(run_dir, exist_ok=True)
