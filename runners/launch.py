@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -89,7 +90,7 @@ def read_record(cfg: RunConfig) -> dict | None:
 
 
 def run_command(cmd: list[str], env: dict, log_path: str, *, timeout_s: float | None = None,
-                echo=None, tail_lines: int = 40) -> tuple[int, str]:
+                echo=None, tail_lines: int = 200) -> tuple[int, str]:
     """Run ``cmd`` in its own process group, streaming output to ``echo`` and ``log_path``.
 
     Returns ``(returncode, tail)``. Past ``timeout_s`` the whole group is killed and the return
@@ -174,5 +175,17 @@ def run(cfg: RunConfig, *, launcher: str = "local", launcher_opts: dict | None =
         return record
     why = "timed out" if rc is None else f"exited with code {rc}"
     raise RunFailed(f"run {cfg.run_key()} (world size {cfg.world_size}) {why}; log: "
-                    f"{os.path.join(run_dir, 'launch.log')}\n--- last lines ---\n{tail}",
+                    f"{os.path.join(run_dir, 'launch.log')}\n{summarize_failure(tail)}",
                     returncode=rc, log_tail=tail, run_dir=run_dir)
+
+
+def summarize_failure(log: str, n_errors: int = 8, n_last: int = 12) -> str:
+    """The workers' own error lines (not torchrun's summary) and the last lines of a failed run's log."""
+    lines = log.splitlines()
+    errors = [ln for ln in lines if re.search(r"(Error|Exception|error:)", ln)
+              and "torch/distributed/elastic" not in ln and "elastic/errors.html" not in ln]
+    out = []
+    if errors:
+        out += ["--- errors ---"] + errors[:n_errors]
+    out += ["--- last lines ---"] + lines[-n_last:]
+    return "\n".join(out)

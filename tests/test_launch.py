@@ -1,0 +1,113 @@
+"""The torchrun command builder, and real multi-process gloo runs under torchrun."""
+
+import json
+import os
+import re
+import pytest
+import torch
+
+from kanlib.config import ConfigError, RunConfig
+from runners.launch import check_environment, run, torchrun_command
+
+DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "schema.md")
+
+
+def tiny(tmp_path, **kw) -> RunConfig:
+    base = dict(widths=(2, 8, 1), grid_size=4, global_batch=64, steps=12, warmup_steps=2,
+                n_train=1024, n_val=256, out_dir=str(tmp_path), study="t")
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_command_builder_local_and_multinode(tmp_path):
+    cfg = tiny(tmp_path, nproc_per_node=2)
+    cmd = torchrun_command(cfg, python="/py")
+    assert cmd[:4] == ["/py", "-m", "torch.distributed.run", "--standalone"]
+    assert "--nproc-per-node=2" in cmd
+    i = cmd.index("kanlib.train")
+    assert cmd[i - 1] == "-m"
+    assert RunConfig.from_cli(cmd[i + 1:]) == cfg
+    multi = tiny(tmp_path, nnodes=2)
+    cmd = torchrun_command(multi, standalone=False, rdzv_endpoint="node1:29501", rdzv_id="42")
+    assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node1:29501", "--rdzv-id=42"} <= set(cmd)
+    with pytest.raises(ConfigError, match="^nnodes:"):
+        torchrun_command(multi)
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        torchrun_command(multi, standalone=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without GPUs")
+def test_cuda_requests_are_refused_before_launch(tmp_path):
+    with pytest.raises(ConfigError, match="^device: 'cuda' needs CUDA"):
+        check_environment(tiny(tmp_path, device="cuda"))
+    with pytest.raises(ConfigError, match="^backend: 'nccl' needs CUDA"):
+        check_environment(tiny(tmp_path, backend="nccl"))
+
+
+def _documented_record_fields() -> set[str]:
+    text = open(DOCS).read().split("## `record.json`")[1].split("## `steps.csv`")[0]
+    names = set()
+    for row in re.findall(r"^\| (`[^|]+) \|", text, flags=re.M):
+        names |= set(re.findall(r"`([a-z_0-9]+)`", row))
+    return names
+
+
+@pytest.mark.slow
+def test_two_process_run_writes_a_complete_record(tmp_path):
+    from dataclasses import fields
+
+    cfg = tiny(tmp_path, nproc_per_node=2, comm_hook="timed")
+    rec = run(cfg, echo=False)
+    assert rec["world_size"] == 2 and rec["backend"] == "gloo" and rec["status"] == "ok"
+    required = {"schema_version", "run_id", "study", "world_size", "nnodes", "backend", "device",
+                "torch_version", "git_sha", "hostname", "started_at", "n_params", "step_time_s",
+                "step_time_s_p10", "step_time_s_p90", "forward_s", "backward_s", "optimizer_s",
+                "samples_per_s", "peak_mem_bytes", "final_train_loss", "final_val_loss", "status"}
+    required |= {f.name for f in fields(RunConfig)}
+    assert required <= set(rec)
+    # docs/schema.md documents exactly the fields a record has, beyond the config fields
+    assert _documented_record_fields() == set(rec) - {f.name for f in fields(RunConfig)} | {"backend", "device"}
+    assert rec["step_time_s_p10"] <= rec["step_time_s"] <= rec["step_time_s_p90"]
+    assert rec["comm_total_s"] > 0 and rec["n_buckets"] >= 1
+    assert rec["samples_per_s"] == pytest.approx(64 / rec["step_time_s"])
+    run_dir = cfg.run_dir()
+    with open(os.path.join(run_dir, "record.json")) as f:
+        assert json.load(f) == rec
+    with open(os.path.join(run_dir, "steps.csv")) as f:
+        rows = f.read().strip().splitlines()
+    assert len(rows) == 1 + cfg.steps and rows[0].startswith("step,measured,step_time_s")
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_equal_one_process_on_the_same_global_batch(tmp_path):
+    one = run(tiny(tmp_path, nproc_per_node=1, steps=15), echo=False)
+    two = run(tiny(tmp_path, nproc_per_node=2, steps=15), echo=False)
+    assert one["world_size"] == 1 and two["world_size"] == 2
+    assert two["final_train_loss"] == pytest.approx(one["final_train_loss"], rel=1e-5)
+    assert two["final_val_loss"] == pytest.approx(one["final_val_loss"], rel=1e-5)
+    p1 = torch.load(os.path.join(tiny(tmp_path, steps=15).run_dir(), "model.pt"), weights_only=True)
+    p2 = torch.load(os.path.join(tiny(tmp_path, nproc_per_node=2, steps=15).run_dir(), "model.pt"),
+                    weights_only=True)
+    assert p1.keys() == p2.keys()
+    for k in p1:
+        assert torch.allclose(p1[k], p2[k], atol=1e-5, rtol=1e-5), k
+    # and training moved the parameters: the comparison is not between two initialisations
+    from kanlib.model import build_model
+
+    torch.manual_seed(0)
+    init = build_model(tiny(tmp_path)).state_dict()
+    assert all(torch.equal(init[k], p1[k]) for k in p1 if k.endswith("grid"))
+    assert max((init[k] - p1[k]).abs().max().item() for k in p1) > 1e-3
+
+
+@pytest.mark.slow
+def test_failed_run_raises_with_log_tail(tmp_path, monkeypatch):
+    import runners.launch as launch
+
+    script = tmp_path / "fail.py"
+    script.write_text("import os, sys\nprint('boom from rank', os.environ['RANK'])\nsys.exit(3)\n")
+    monkeypatch.setattr(launch, "ENTRY", [str(script)])
+    with pytest.raises(launch.RunFailed) as e:
+        run(tiny(tmp_path, nproc_per_node=2), echo=False)
+    assert "exited with code 1" in str(e.value) and "boom from rank" in e.value.log_tail
+    assert e.value.returncode == 1
