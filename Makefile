@@ -21,11 +21,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[notebooks,test]"
 	touch $(STAMP)
 
+# The launch notebooks run first, then the analyses, then the guidelines (which write the report).
+NOTEBOOKS := 01_strong_scaling 02_weak_scaling 03_communication_overhead 04_model_size_scaling \
+	01_strong_scaling_analysis 02_weak_scaling_analysis 03_communication_overhead_analysis \
+	04_model_size_scaling_analysis 05_guidelines
+# Extra papermill arguments, e.g. PARAMS="-f notebooks/params/gpu_cluster.yaml"
+PARAMS ?=
+
 study: $(STAMP)
 	mkdir -p $(NB_OUT)
-	$(PAPERMILL) notebooks/01_strong_scaling.ipynb $(NB_OUT)/01_strong_scaling.ipynb
-	$(PAPERMILL) notebooks/01_strong_scaling_analysis.ipynb $(NB_OUT)/01_strong_scaling_analysis.ipynb
-	@echo "Study written under $(OUT)/ (figures in $(OUT)/figures/, executed notebooks in $(NB_OUT)/)"
+	@for nb in $(NOTEBOOKS); do \
+	  echo "== $$nb"; \
+	  $(PAPERMILL) -p out_dir ../$(OUT) $(PARAMS) notebooks/$$nb.ipynb $(NB_OUT)/$$nb.ipynb || exit 1; \
+	done
+	@echo "Study written under $(OUT)/: records per study, figures in $(OUT)/figures/, executed notebooks in $(NB_OUT)/"
+	@echo "Report: $(OUT)/report.html"
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests notebooks --nbval-lax

@@ -23,6 +23,7 @@ PRECISIONS = ("fp32", "bf16")
 COMM_HOOKS = ("default", "timed", "noop")
 NAN_POLICIES = ("stop", "skip")
 OPTIMIZERS = ("adam", "sgd")
+NCCL_ALGOS = ("ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 
 # Inputs of fixed width for the tasks that have one (``highdim`` takes widths[0]).
 TASK_INPUT_DIM = {"exp_sin": 2, "product": 2}
@@ -84,6 +85,8 @@ class RunConfig:
     """fp32, or bf16 autocast with float32 master weights (CUDA)."""
     comm_hook: str = "default"
     """DDP communication: default (built-in all-reduce), timed (all-reduce timed per bucket), noop (no network)."""
+    nccl_algo: str = ""
+    """NCCL all-reduce algorithm exported as NCCL_ALGO (e.g. Ring, Tree); empty lets NCCL choose."""
     bucket_cap_mb: float = 25.0
     """DDP gradient bucket size in MiB."""
     gradient_as_bucket_view: bool = False
@@ -146,6 +149,10 @@ class RunConfig:
                 f"{self.world_size} (nnodes={self.nnodes} x nproc_per_node={self.nproc_per_node})")
         if self.global_batch > self.n_train:
             raise ConfigError(f"global_batch: {self.global_batch} exceeds n_train={self.n_train}")
+        if self.nccl_algo and self.nccl_algo.split(",")[0].split(":")[-1].lower() not in NCCL_ALGOS:
+            raise ConfigError(f"nccl_algo: unknown value {self.nccl_algo!r}; choose from {', '.join(NCCL_ALGOS)}")
+        if self.nccl_algo and (self.backend == "gloo" or self.device == "cpu"):
+            raise ConfigError(f"nccl_algo: {self.nccl_algo!r} needs the nccl backend, got backend={self.backend!r}")
         if self.backend == "nccl" and self.device == "cpu":
             raise ConfigError("backend: 'nccl' needs device cuda, got device='cpu'")
 

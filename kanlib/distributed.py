@@ -65,6 +65,8 @@ def setup(cfg) -> DistInfo:
             f"WORLD_SIZE={world} from the launcher does not match the config's "
             f"nnodes x nproc_per_node = {cfg.nnodes} x {cfg.nproc_per_node}")
     backend = resolve_backend(cfg.backend, device)
+    if cfg.nccl_algo:
+        os.environ["NCCL_ALGO"] = cfg.nccl_algo  # read by NCCL at communicator creation; recorded in env
     if device == "cuda":
         if local_rank >= torch.cuda.device_count():
             raise RuntimeError(f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} CUDA devices")

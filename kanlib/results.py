@@ -281,3 +281,117 @@ def scaling_table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, 
     out = pd.DataFrame(rows)
     out["karp_flatt"] = karp_flatt(out["speedup"], out["world_size"])
     return out
+
+
+def _median_ci(v, n_boot: int, seed: int) -> tuple[float, float, float]:
+    lo, hi = bootstrap_ci(v, n_boot=n_boot, seed=seed)
+    return float(np.median(v)), lo, hi
+
+
+def weak_scaling_table(df: pd.DataFrame, by: tuple[str, ...] = ("local_batch",), n_boot: int = 2000,
+                       seed: int = 0) -> pd.DataFrame:
+    """Weak scaling at a fixed per-process batch: per (``by``, world size) the median throughput
+    ``X(N) = global_batch / T(N)`` with its bootstrap interval, the per-process throughput
+    ``X(N) / N``, the weak-scaling efficiency ``E_w = X(N) / (N X(N0))`` against the smallest world
+    size ``N0`` (normally 1), and ``E_w,multi = X(N) N1 / (N X(N1))`` against the first
+    multi-process point ``N1`` (the study saw a drop from 1 to several GPUs, then stability).
+    """
+    df = df.copy()
+    df["local_batch"] = df["global_batch"] // df["world_size"]
+    df["throughput"] = df["global_batch"] / df["step_time_s"]
+    rows = []
+    for key, g in df.groupby(list(by), dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        sizes = sorted(g["world_size"].unique())
+        x = {n: g.loc[g["world_size"] == n, "throughput"].to_numpy(float) for n in sizes}
+        n0 = sizes[0]
+        multi = [n for n in sizes if n > 1]
+        n1 = multi[0] if multi else None
+        x0 = float(np.median(x[n0]))
+        for n in sizes:
+            med, lo, hi = _median_ci(x[n], n_boot, seed)
+            row = {**dict(zip(by, key)), "world_size": int(n), "n_runs": int(x[n].size),
+                   "throughput": med, "throughput_lo": lo, "throughput_hi": hi,
+                   "per_process_throughput": med / n,
+                   "weak_efficiency": med * n0 / (n * x0),
+                   "weak_efficiency_multi": (med * n1 / (n * float(np.median(x[n1])))
+                                             if n1 is not None and n >= n1 else np.nan)}
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+COMM_KEYS = ("world_size", "nnodes", "nproc_per_node", "bucket_cap_mb", "nccl_algo", "model", "widths",
+             "global_batch")
+
+
+def communication_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Exposed communication by the no-op-hook method, per configuration point.
+
+    Each point (same config but for ``comm_hook``) needs runs with ``comm_hook='timed'`` (real
+    all-reduce, each bucket timed) and ``comm_hook='noop'`` (same bucketing, no network). With
+    medians over repeats:
+
+    - ``t_allreduce_s``: step time with the all-reduce; ``t_noop_s``: step time without it;
+    - ``comm_total_s``: summed bucket all-reduce time per step (includes queueing);
+    - ``exposed_raw_s = t_allreduce_s - t_noop_s``: the communication the step waits for;
+    - ``exposed_s``: the same clipped to ``[0, comm_total_s]`` (outside it is timing noise;
+      ``exposed_clipped`` says when that happened);
+    - ``overlap_s = comm_total_s - exposed_s``; ``overlap_fraction = overlap_s / comm_total_s``;
+    - ``overhead_fraction = exposed_s / t_allreduce_s`` (the study's 'communication overhead');
+    - ``compute_s = t_allreduce_s - exposed_s``.
+    """
+    need = {"timed", "noop"}
+    have = set(df["comm_hook"].unique()) if "comm_hook" in df else set()
+    if not need <= have:
+        raise KeyError(f"communication_table needs runs with comm_hook 'timed' and 'noop'; have {sorted(have)}")
+    keys = [k for k in COMM_KEYS if k in df]
+    rows = []
+    for key, g in df.groupby(keys, dropna=False):
+        t = g.loc[g["comm_hook"] == "timed"]
+        z = g.loc[g["comm_hook"] == "noop"]
+        if t.empty or z.empty:
+            continue
+        ta, ta_lo, ta_hi = _median_ci(t["step_time_s"].to_numpy(float), n_boot, seed)
+        tn, tn_lo, tn_hi = _median_ci(z["step_time_s"].to_numpy(float), n_boot, seed)
+        ct = float(np.median(t["comm_total_s"].to_numpy(float)))
+        raw = ta - tn
+        exposed = float(np.clip(raw, 0.0, ct))
+        rows.append({**dict(zip(keys, key)), "n_runs": int(min(len(t), len(z))),
+                     "t_allreduce_s": ta, "t_allreduce_lo": ta_lo, "t_allreduce_hi": ta_hi,
+                     "t_noop_s": tn, "t_noop_lo": tn_lo, "t_noop_hi": tn_hi,
+                     "comm_total_s": ct, "exposed_raw_s": raw, "exposed_s": exposed,
+                     "exposed_clipped": bool(exposed != raw),
+                     "overlap_s": ct - exposed, "overlap_fraction": (ct - exposed) / ct if ct > 0 else np.nan,
+                     "overhead_fraction": exposed / ta, "compute_s": ta - exposed})
+    return pd.DataFrame(rows)
+
+
+def model_size_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Model-size scaling: per (model, widths, grid size) the parameter count, median step time with
+    its interval, peak memory, ``params_per_byte = n_params / peak_mem_bytes``,
+    ``params_per_state_byte = n_params / model_state_bytes`` and ``time_per_param_s = step_time / n_params``.
+    """
+    keys = [k for k in ("model", "widths", "grid_size", "spline_order", "global_batch", "world_size") if k in df]
+    rows = []
+    for key, g in df.groupby(keys, dropna=False):
+        st, lo, hi = _median_ci(g["step_time_s"].to_numpy(float), n_boot, seed)
+        n = int(g["n_params"].iloc[0])
+        mem = float(np.median(g["peak_mem_bytes"].to_numpy(float)))
+        point = dict(zip(keys, key))
+        rows.append({**point, "n_runs": len(g), "n_params": n,
+                     "depth": len(point["widths"]) - 1 if "widths" in point else np.nan, "step_time_s": st, "step_time_lo": lo, "step_time_hi": hi,
+                     "peak_mem_bytes": mem, "model_state_bytes": float(g["model_state_bytes"].iloc[0]),
+                     "params_per_byte": n / mem, "params_per_state_byte": n / float(g["model_state_bytes"].iloc[0]),
+                     "time_per_param_s": st / n})
+    return pd.DataFrame(rows).sort_values(["model", "n_params"]).reset_index(drop=True)
+
+
+def fit_power_law(x, y) -> tuple[float, float]:
+    """Least-squares fit of ``y = a x^b`` in log space: returns ``(a, b)``."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    ok = (x > 0) & (y > 0) & np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 2:
+        raise ValueError(f"a power-law fit needs at least 2 positive points, got {int(ok.sum())}")
+    b, log_a = np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)
+    return float(np.exp(log_a)), float(b)

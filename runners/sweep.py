@@ -10,6 +10,12 @@ from kanlib.config import RunConfig
 from runners.launch import RunFailed, read_record, run
 
 
+# Columns a launch notebook shows for the runs of a sweep.
+SUMMARY_COLUMNS = ["study", "model", "widths", "world_size", "nnodes", "nproc_per_node", "global_batch", "repeat",
+                   "comm_hook", "bucket_cap_mb", "n_params", "step_time_s", "samples_per_s", "forward_s",
+                   "backward_s", "optimizer_s", "comm_total_s", "peak_mem_bytes", "final_val_loss", "launcher"]
+
+
 @dataclass
 class SweepResult:
     """What a sweep produced: the records of finished runs and the failures (config, message)."""
