@@ -1,3 +1,7 @@
+"""Writes the study notebooks under notebooks/ (run: python tools/make_notebooks.py notebooks).
+
+The notebooks are thin drivers: a tagged parameters cell, then calls into kanlib and runners.
+Edit them here, regenerate, and commit both, so all notebooks keep one shape."""
 import nbformat as nbf
 import os, sys
 OUT = sys.argv[1]

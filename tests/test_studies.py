@@ -1,0 +1,51 @@
+"""Study builders, and the no-op-hook communication measurement on a real 2-process gloo run."""
+
+import pytest
+
+from kanlib import results
+from kanlib.config import ConfigError, RunConfig
+from runners import studies
+from runners.sweep import run_sweep
+
+
+def test_strong_and_weak_builders(tmp_path):
+    base = RunConfig(global_batch=64, out_dir=str(tmp_path))
+    s = studies.strong_scaling([1, 2, 4], base, repeats=2)
+    assert [(c.world_size, c.repeat) for c in s] == [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1)]
+    assert {c.global_batch for c in s} == {64} and {c.study for c in s} == {"strong_scaling"}
+    w = studies.weak_scaling([1, 2, 4], base, per_process_batches=[16])
+    assert [c.global_batch for c in w] == [16, 32, 64] and all(c.local_batch == 16 for c in w)
+    topo = studies.strong_scaling([4, 8], base, procs_per_node=4)
+    assert [(c.nnodes, c.nproc_per_node) for c in topo] == [(1, 4), (2, 4)]
+    with pytest.raises(ConfigError, match="^procs_per_node:"):
+        studies.strong_scaling([6], base, procs_per_node=4)
+    with pytest.raises(ConfigError, match="^repeats:"):
+        studies.strong_scaling([1], base, repeats=0)
+
+
+def test_communication_builder_pairs_timed_and_noop(tmp_path):
+    base = RunConfig(global_batch=64, out_dir=str(tmp_path))
+    c = studies.communication([2, 4], base, bucket_caps_mb=[1, 25])
+    assert len(c) == 8 and sum(x.comm_hook == "noop" for x in c) == 4
+    assert len({x.run_key() for x in c}) == 8
+
+
+@pytest.mark.slow
+def test_exposed_communication_on_two_gloo_processes(tmp_path):
+    base = RunConfig(widths=(2, 64, 64, 1), global_batch=128, steps=25, warmup_steps=5, n_train=2048,
+                     out_dir=str(tmp_path))
+    cfgs = studies.communication([2], base, bucket_caps_mb=[25.0])
+    res = run_sweep(cfgs, progress=False)
+    assert res.ok, res.failures
+    df = results.load_records(str(tmp_path))
+    timed = df[df["comm_hook"] == "timed"].iloc[0]
+    noop = df[df["comm_hook"] == "noop"].iloc[0]
+    assert timed["comm_total_s"] > 0 and timed["n_buckets"] >= 1
+    assert noop["comm_total_s"] is None or noop["comm_total_s"] != noop["comm_total_s"]  # not timed
+    t = results.communication_table(df).iloc[0]
+    assert 0 <= t["exposed_s"] <= t["comm_total_s"]
+    assert t["overlap_s"] == pytest.approx(t["comm_total_s"] - t["exposed_s"])
+    assert 0 <= t["overhead_fraction"] < 1
+    # the network costs time: the all-reduce run is slower than the no-op run
+    assert t["t_allreduce_s"] > t["t_noop_s"] and t["exposed_raw_s"] > 0
+    assert t["exposed_clipped"] == (t["exposed_raw_s"] > t["comm_total_s"])
