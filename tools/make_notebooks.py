@@ -20,6 +20,7 @@ def save(name, cells):
     nbf.write(nb, os.path.join(OUT, name))
 
 COMMON_PARAMS = '''
+n_train: int = 16384  # training samples generated from the seed
 threads: int = 1  # torch threads per process
 backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
 device: str = "auto"  # auto | cpu | cuda
@@ -55,7 +56,7 @@ from runners.sweep import SUMMARY_COLUMNS, run_sweep
 def base_cfg(extra=""):
     return f'''
 base = RunConfig(model=model, widths=tuple(widths), grid_size=grid_size, kan_impl=kan_impl, task=task,
-                 steps=steps, warmup_steps=warmup_steps, threads=threads, backend=backend, device=device,
+                 steps=steps, warmup_steps=warmup_steps, n_train=n_train, threads=threads, backend=backend, device=device,
                  out_dir=out_dir{extra})
 '''
 
