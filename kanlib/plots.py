@@ -37,6 +37,13 @@ def _groups(table: pd.DataFrame, by: list[str]):
     return [(_label(k), g) for k, g in table.groupby(by, dropna=False)]
 
 
+def _markers(g: pd.DataFrame) -> dict:
+    """Circles for points within one node, diamonds for points across nodes (the first network hop)."""
+    if "inter_node" not in g:
+        return {}
+    return {"marker": dict(symbol=["diamond" if v else "circle" for v in g["inter_node"]], size=9)}
+
+
 def strong_scaling_figure(table: pd.DataFrame, by=("model",), title: str = "Strong scaling") -> go.Figure:
     """Speedup and parallel efficiency against world size (medians, bootstrap 95% bars), with the ideal."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Speedup T(1)/T(N)", "Parallel efficiency S/N"))
@@ -45,17 +52,18 @@ def strong_scaling_figure(table: pd.DataFrame, by=("model",), title: str = "Stro
     fig.add_trace(go.Scatter(x=n, y=np.ones_like(n), mode="lines", name="ideal", showlegend=False,
                              line=dict(dash="dash", color="grey")), 1, 2)
     for name, g in _groups(table, list(by)):
+        custom = g[["n_runs", "step_time_s"]].assign(topology=g.get("topology", ""))
         fig.add_trace(go.Scatter(x=g["world_size"], y=g["speedup"], mode="lines+markers",
-                                 name=f"speedup {name}".strip(), **_err(g, "speedup"),
-                                 customdata=g[["n_runs", "step_time_s"]],
-                                 hovertemplate="N=%{x}<br>S=%{y:.2f}<br>runs=%{customdata[0]}"
-                                               "<br>T=%{customdata[1]:.4g} s"), 1, 1)
-        fig.add_trace(go.Scatter(x=g["world_size"], y=g["efficiency"], mode="lines+markers",
+                                 name=f"speedup {name}".strip(), **_err(g, "speedup"), **_markers(g),
+                                 customdata=custom,
+                                 hovertemplate="N=%{x} (%{customdata[2]} nodes x procs)<br>S=%{y:.2f}"
+                                               "<br>runs=%{customdata[0]}<br>T=%{customdata[1]:.4g} s"), 1, 1)
+        fig.add_trace(go.Scatter(x=g["world_size"], y=g["efficiency"], mode="lines+markers", **_markers(g),
                                  name=f"efficiency {name}".strip()), 1, 2)
     fig.update_xaxes(title_text="world size N (processes)", tickvals=n)
     fig.update_yaxes(title_text="speedup", row=1, col=1)
     fig.update_yaxes(title_text="efficiency", rangemode="tozero", row=1, col=2)
-    fig.update_layout(title=title, template=TEMPLATE, height=420)
+    fig.update_layout(title=title + " (diamonds: across nodes)", template=TEMPLATE, height=420)
     return fig
 
 
@@ -64,7 +72,7 @@ def weak_scaling_figure(table: pd.DataFrame, title: str = "Weak scaling") -> go.
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Throughput (samples/s)", "Weak-scaling efficiency"))
     for name, g in _groups(table, ["local_batch"]):
         fig.add_trace(go.Scatter(x=g["world_size"], y=g["throughput"], mode="lines+markers",
-                                 name=f"b/proc={name}", **_err(g, "throughput")), 1, 1)
+                                 name=f"b/proc={name}", **_err(g, "throughput"), **_markers(g)), 1, 1)
         fig.add_trace(go.Scatter(x=g["world_size"], y=g["weak_efficiency"], mode="lines+markers",
                                  name=f"E_w vs N0, b/proc={name}"), 1, 2)
         fig.add_trace(go.Scatter(x=g["world_size"], y=g["weak_efficiency_multi"], mode="lines+markers",

@@ -246,6 +246,14 @@ def fit_amdahl(n, speedup) -> float:
     return float(np.clip(np.sum(a * y) / np.sum(a * a), 0.0, 1.0))
 
 
+def _topology(g: pd.DataFrame) -> dict:
+    """Nodes x processes per node of a group of runs at one world size, and whether it crosses nodes."""
+    nodes = int(g["nnodes"].max()) if "nnodes" in g else 1
+    ppn = int(g["nproc_per_node"].max()) if "nproc_per_node" in g else int(g["world_size"].max())
+    return {"nnodes": nodes, "nproc_per_node": ppn, "topology": f"{nodes}x{ppn}",
+            "inter_node": nodes > 1}
+
+
 def scaling_table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, ...] = (),
                   n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Strong-scaling table: one row per (``by`` groups, world size) with the median of ``metric``
@@ -273,7 +281,8 @@ def scaling_table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, 
             boots = (np.median(base[rng.integers(0, base.size, (n_boot, base.size))], axis=1)
                      / np.median(v[rng.integers(0, v.size, (n_boot, v.size))], axis=1))
             sp = t0 / med * n0
-            rows.append({**dict(zip(by, key)), "world_size": int(n), "n_runs": int(v.size),
+            rows.append({**dict(zip(by, key)), "world_size": int(n), **_topology(g[g["world_size"] == n]),
+                         "n_runs": int(v.size),
                          metric: med, f"{metric}_lo": lo, f"{metric}_hi": hi,
                          "speedup": sp, "speedup_lo": float(np.quantile(boots, 0.025)) * n0,
                          "speedup_hi": float(np.quantile(boots, 0.975)) * n0,
@@ -310,7 +319,8 @@ def weak_scaling_table(df: pd.DataFrame, by: tuple[str, ...] = ("local_batch",),
         x0 = float(np.median(x[n0]))
         for n in sizes:
             med, lo, hi = _median_ci(x[n], n_boot, seed)
-            row = {**dict(zip(by, key)), "world_size": int(n), "n_runs": int(x[n].size),
+            row = {**dict(zip(by, key)), "world_size": int(n), **_topology(g[g["world_size"] == n]),
+                   "n_runs": int(x[n].size),
                    "throughput": med, "throughput_lo": lo, "throughput_hi": hi,
                    "per_process_throughput": med / n,
                    "weak_efficiency": med * n0 / (n * x0),

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kanlib import guidelines, report, results
+from kanlib import guidelines, plots, report, results
 
 
 def rec(**kw):
@@ -178,3 +178,15 @@ def test_report_and_figures_are_offline_html(tmp_path):
     fig = a.figures["speedup_efficiency"]
     names = [t.name for t in fig.data]
     assert "ideal" in names and any(n.startswith("speedup") for n in names)
+
+
+def test_tables_separate_intra_and_inter_node_points(tmp_path):
+    recs = [rec(world_size=n, nnodes=nodes, nproc_per_node=n // nodes, global_batch=512, step_time_s=8 / n)
+            for n, nodes in ((1, 1), (2, 1), (4, 2), (8, 4))]
+    write_records(tmp_path, recs)
+    t = results.scaling_table(results.load_records(str(tmp_path)))
+    assert t["topology"].tolist() == ["1x1", "1x2", "2x2", "4x2"]
+    assert t["inter_node"].tolist() == [False, False, True, True]
+    fig = plots.strong_scaling_figure(t)
+    speed = [tr for tr in fig.data if tr.name.startswith("speedup")][0]
+    assert list(speed.marker.symbol) == ["circle", "circle", "diamond", "diamond"]
