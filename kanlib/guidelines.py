@@ -138,6 +138,23 @@ def compute_guidelines(df: pd.DataFrame, target_efficiency: float = 0.8,
         rows.append({"question": "bucket size minimising exposed communication",
                      "answer": f"{bb['bucket_cap_mb']:g} MiB ({bb['nccl_algo']})", "value": bb["exposed_s"],
                      "basis": "communication"})
+        from kanlib import commmodel
+
+        try:
+            model, pred, basis = commmodel.extrapolate_study(df[df["study"] == "communication"], comm)
+        except ValueError as e:
+            text.append(f"No communication-model extrapolation: {e}.")
+        else:
+            n_pred = commmodel.largest_world_size_at(pred, target_efficiency)
+            n_txt = "no multi-process world size" if n_pred in (None, 1) else f"up to N={n_pred}"
+            text.append(f"The alpha-beta model fitted to {model.n_points} timed runs (latency {model.alpha:.3g} s, "
+                        f"bandwidth {model.bandwidth_bytes_per_s:.3g} B/s, relative error {model.rel_rmse:.0%}) "
+                        f"predicts {target_efficiency:.0%} strong-scaling efficiency {n_txt} for this model "
+                        f"({basis['n_params']} parameters, {basis['overlap_fraction']:.0%} overlap); "
+                        f"an optimistic bound that ignores stragglers and congestion.")
+            rows.append({"question": f"predicted largest world size with efficiency >= {target_efficiency:g}",
+                         "answer": str(n_pred) if n_pred else "1", "value": float(n_pred or 1),
+                         "basis": "communication model"})
     if "model_size" in studies:
         size = results.model_size_table(df[df["study"] == "model_size"])
         for model in sorted(set(size["model"])):

@@ -105,6 +105,26 @@ def communication_figure(table: pd.DataFrame, title: str = "Communication overhe
     return fig
 
 
+def comm_model_figure(pred: pd.DataFrame, measured: pd.DataFrame | None = None, model=None,
+                      title: str = "Alpha-beta model: extrapolated strong scaling") -> go.Figure:
+    """Predicted communication time and efficiency against world size (log scale), with measured
+    all-reduce times when given."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("All-reduce time per step (s)", "Predicted efficiency"))
+    fig.add_trace(go.Scatter(x=pred["world_size"], y=pred["comm_s"], mode="lines", name="model"), 1, 1)
+    if measured is not None and not measured.empty:
+        fig.add_trace(go.Scatter(x=measured["world_size"], y=measured["comm_total_s"], mode="markers",
+                                 name="measured", marker=dict(size=9)), 1, 1)
+    fig.add_trace(go.Scatter(x=pred["world_size"], y=pred["efficiency"], mode="lines+markers",
+                             name="predicted efficiency"), 1, 2)
+    sub = "" if model is None else (f" (alpha={model.alpha:.3g} s, bandwidth={model.bandwidth_bytes_per_s:.3g} B/s,"
+                                    f" {model.algo}, {model.n_points} runs)")
+    fig.update_xaxes(type="log", title_text="world size N")
+    fig.update_yaxes(type="log", row=1, col=1)
+    fig.update_yaxes(range=[0, 1.05], row=1, col=2)
+    fig.update_layout(title=title + sub, template=TEMPLATE, height=420)
+    return fig
+
+
 def model_size_figure(table: pd.DataFrame, title: str = "Model-size scaling") -> go.Figure:
     """KAN against matched-parameter MLP: step time, peak memory, parameters per byte and time per parameter."""
     fig = make_subplots(rows=2, cols=2, subplot_titles=("Step time (s)", "Peak memory (bytes)",

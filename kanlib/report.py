@@ -34,6 +34,7 @@ class StudyAnalysis:
     table: pd.DataFrame | None = None
     figures: dict[str, go.Figure] = field(default_factory=dict)
     message: str = ""
+    extra: dict = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -57,18 +58,28 @@ class StudyAnalysis:
 
 
 def _table_and_figures(study: str, df: pd.DataFrame):
+    """(table, figures, extra results, note) of one study's records."""
     if study == "strong_scaling":
         t = results.scaling_table(df, by=("model",))
-        return t, {"speedup_efficiency": plots.strong_scaling_figure(t)}
+        return t, {"speedup_efficiency": plots.strong_scaling_figure(t)}, {}, ""
     if study == "weak_scaling":
         t = results.weak_scaling_table(df)
-        return t, {"throughput_efficiency": plots.weak_scaling_figure(t)}
+        return t, {"throughput_efficiency": plots.weak_scaling_figure(t)}, {}, ""
     if study == "communication":
+        from kanlib import commmodel
+
         t = results.communication_table(df)
-        return t, {"overhead": plots.communication_figure(t)}
+        figs = {"overhead": plots.communication_figure(t)}
+        try:
+            model, pred, basis = commmodel.extrapolate_study(df, t)
+        except ValueError as e:  # too few timed multi-process runs to fit the model
+            return t, figs, {}, str(e)
+        measured = df[(df["comm_hook"] == "timed") & (df["world_size"] > 1)]
+        figs["extrapolation"] = plots.comm_model_figure(pred, measured, model)
+        return t, figs, {"comm_model": model, "prediction": pred, "basis": basis}, ""
     if study == "model_size":
         t = results.model_size_table(df)
-        return t, {"memory_time": plots.model_size_figure(t)}
+        return t, {"memory_time": plots.model_size_figure(t)}, {}, ""
     raise ValueError(f"study: unknown value {study!r}; choose one of {', '.join(STUDY_TITLES)}")
 
 
@@ -84,8 +95,10 @@ def analyze(out_dir: str, study: str) -> StudyAnalysis:
     msg = f"{len(df)} records of {study} under {out_dir}"
     if bad:
         msg += f"; skipped {len(bad)} unreadable: " + "; ".join(f"{p} line {ln}: {r}" for p, ln, r in bad)
-    table, figs = _table_and_figures(study, df)
-    return StudyAnalysis(study, df, table, figs, msg)
+    table, figs, extra, note = _table_and_figures(study, df)
+    if note:
+        msg += "; " + note
+    return StudyAnalysis(study, df, table, figs, msg, extra)
 
 
 def _section(title: str, body: str) -> str:

@@ -212,6 +212,16 @@ if not a.empty:
     display(a.table[["world_size", "bucket_cap_mb", "nccl_algo", "n_runs", "t_allreduce_s", "t_noop_s",
                      "comm_total_s", "exposed_s", "exposed_clipped", "overlap_fraction", "overhead_fraction"]])
 '''),
+    md("An alpha-beta (latency-bandwidth) model of the ring all-reduce, fitted to the timed runs (`kanlib.commmodel`), extrapolates the best measured point to thousands of processes. Override `alpha_s` / `bandwidth_bytes_per_s` below to predict a cluster whose network you know."),
+    code('''
+if "comm_model" in a.extra:
+    from kanlib import commmodel
+
+    m, basis = a.extra["comm_model"], a.extra["basis"]
+    print(f"fitted: alpha={m.alpha:.3g} s, bandwidth={m.bandwidth_bytes_per_s:.3g} B/s, {m.n_points} runs, "
+          f"relative error {m.rel_rmse:.0%}; basis: {basis}")
+    display(a.extra["prediction"])
+'''),
 ])
 
 # ---- 04 model size
