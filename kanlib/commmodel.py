@@ -90,6 +90,9 @@ def gradient_bytes(records: pd.DataFrame) -> np.ndarray:
 
 def fit(records: pd.DataFrame, algo: str = "ring") -> CommModel:
     """Fit ``alpha`` and ``beta`` (both >= 0) to runs with ``comm_hook == 'timed'`` and ``world_size > 1``."""
+    missing = [c for c in ("world_size", "comm_total_s", "n_buckets", "n_params") if c not in records]
+    if missing:
+        raise ValueError(f"the communication model needs the record fields {missing} (runs with comm_hook='timed')")
     d = records
     if "comm_hook" in d:
         d = d[d["comm_hook"] == "timed"]

@@ -123,9 +123,9 @@ def guideline_records():
     for b, xs in {32: {1: 1000, 4: 2800}, 64: {1: 1000, 4: 3300}, 128: {1: 1000, 4: 3900}}.items():
         recs += [rec(study="weak_scaling", world_size=n, global_batch=b * n, step_time_s=b * n / x)
                  for n, x in xs.items()]
-    for cap, ta in {1.0: 0.013, 4.0: 0.011, 25.0: 0.012}.items():
+    for (cap, ta), buckets in zip({1.0: 0.013, 4.0: 0.011, 25.0: 0.012}.items(), (8, 2, 1)):
         recs.append(rec(study="communication", world_size=4, bucket_cap_mb=cap, comm_hook="timed", step_time_s=ta,
-                        comm_total_s=0.005, global_batch=64))
+                        comm_total_s=0.004 + 0.001 * buckets / 8, n_buckets=buckets, global_batch=64))
         recs.append(rec(study="communication", world_size=4, bucket_cap_mb=cap, comm_hook="noop", step_time_s=0.010,
                         global_batch=64))
     # KAN: mem = 1e8 + 16 P bytes, time = 1e-3 + 1e-9 P s
@@ -153,6 +153,7 @@ def test_guidelines_from_synthetic_records_with_known_answers(tmp_path):
     assert ans2["strong_scaling"] == "8"
     assert ans2["model_size"] == f"{(2**30 - 1e8) / 16:.3g} params"
     assert any("N=8" in s for s in g2.sentences)
+    assert any(s.startswith("The alpha-beta model fitted to 3 timed runs") for s in g.sentences)
 
 
 def test_guidelines_change_when_records_change(tmp_path):
