@@ -59,6 +59,7 @@ def strong_scaling_figure(table: pd.DataFrame, by=("model",), title: str = "Stro
                                  hovertemplate="N=%{x} (%{customdata[2]} nodes x procs)<br>S=%{y:.2f}"
                                                "<br>runs=%{customdata[0]}<br>T=%{customdata[1]:.4g} s"), 1, 1)
         fig.add_trace(go.Scatter(x=g["world_size"], y=g["efficiency"], mode="lines+markers", **_markers(g),
+                                 **_err(g, "efficiency"),
                                  name=f"efficiency {name}".strip()), 1, 2)
     fig.update_xaxes(title_text="world size N (processes)", tickvals=n)
     fig.update_yaxes(title_text="speedup", row=1, col=1)

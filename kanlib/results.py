@@ -287,6 +287,8 @@ def scaling_table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, 
                          "speedup": sp, "speedup_lo": float(np.quantile(boots, 0.025)) * n0,
                          "speedup_hi": float(np.quantile(boots, 0.975)) * n0,
                          "efficiency": sp / n})
+            rows[-1]["efficiency_lo"] = rows[-1]["speedup_lo"] / n
+            rows[-1]["efficiency_hi"] = rows[-1]["speedup_hi"] / n
     out = pd.DataFrame(rows)
     out["karp_flatt"] = karp_flatt(out["speedup"], out["world_size"])
     return out
