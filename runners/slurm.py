@@ -186,6 +186,8 @@ def run_slurm(cfg: RunConfig, *, timeout_s: float | None = None, echo=None, dry_
         why = "completed but wrote no new record"
     else:
         why = f"ended {state or 'in an unknown state'} with exit code {exit_code}"
+    first = _first_error(log_path)
+    why += f"; first error: {first}" if first else ""
     err = RunFailed(f"SLURM job {job_id} (run {cfg.run_key()}, {cfg.nnodes} nodes x "
                     f"{cfg.nproc_per_node}) {why}; log: {log_path}\n--- last lines ---\n{tail}",
                     returncode=None if timed_out else _exit_status(exit_code), log_tail=tail,
@@ -272,6 +274,20 @@ def _tail(path: str, lines: int = 40) -> str:
             return "".join(f.readlines()[-lines:])
     except FileNotFoundError:
         return f"(no log at {path}: the job never started?)"
+
+
+def _first_error(path: str) -> str | None:
+    """The first Python exception line of the log that is not torchrun's own report: usually
+    the cause, which torchrun's long ChildFailedError summary pushes out of the tail."""
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if (re.match(r"[A-Za-z_][\w.]*(Error|Exception|Interrupt): ", line)
+                        and "ChildFailedError" not in line):
+                    return line.strip()
+    except FileNotFoundError:
+        pass
+    return None
 
 
 def _exit_status(exit_code: str | None) -> int | None:
