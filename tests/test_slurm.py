@@ -224,3 +224,32 @@ def test_strong_scaling_notebook_runs_on_slurm(slurm_cluster, tmp_path):
     assert all(r["slurm_job_id"] for r in records)
     if "procs_per_node" in params:
         assert {(r["nnodes"], r["world_size"]) for r in records} == {(1, 1), (2, 2)}
+
+
+# -- the same rendezvous without a scheduler (runners/multinode.py) -------------------------
+
+@pytest.mark.slow
+def test_multinode_two_torchruns_match_a_local_two_process_run(tmp_path):
+    from runners.multinode import run_multinode
+
+    local = run(tiny(tmp_path, nproc_per_node=2), echo=False)
+    cfg = tiny(tmp_path, nnodes=2)
+    out = io.StringIO()
+    rec = run_multinode(cfg, timeout_s=120, echo=out)
+    assert rec["nnodes"] == 2 and rec["world_size"] == 2 and rec["launcher"] == "multinode"
+    assert rec["final_train_loss"] == pytest.approx(local["final_train_loss"], rel=1e-5)
+    assert rec["final_val_loss"] == pytest.approx(local["final_val_loss"], rel=1e-5)
+    assert "[node 0] " in out.getvalue() and "[node 1] " in out.getvalue()
+    assert all(os.path.exists(os.path.join(cfg.run_dir(), f"launch-node{i}.log")) for i in (0, 1))
+
+
+@pytest.mark.slow
+def test_multinode_timeout_stops_every_node(tmp_path):
+    from runners.multinode import run_multinode
+
+    cfg = tiny(tmp_path, nnodes=2, steps=100000, n_train=4096)
+    with pytest.raises(RunFailed, match=r"^multinode run .* \(2 nodes x 1, rendezvous 127\.0\.0\.1:\d+\) "
+                                        r"timed out after 3 s; log: "):
+        run_multinode(cfg, timeout_s=3, echo=False)
+    left = subprocess.run(["pgrep", "-f", f"--out_dir={tmp_path}"], capture_output=True, text=True)
+    assert left.stdout.split() == [], "torchrun or its workers outlived the timeout"
