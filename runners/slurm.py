@@ -81,8 +81,8 @@ def sbatch_script(cfg: RunConfig, *, partition: str | None = None, account: str 
                   gpus_per_node: int = 0, time_limit: str = "00:30:00",
                   modules: tuple[str, ...] | list[str] = (), env: dict | None = None,
                   python: str = sys.executable, job_name: str | None = None,
-                  cpus_per_task: int | None = None, workdir: str | None = None,
-                  log_path: str | None = None, sbatch_options: tuple[str, ...] | list[str] = ()) -> str:
+                  cpus_per_task: int | None = None, log_path: str | None = None,
+                  sbatch_options: tuple[str, ...] | list[str] = ()) -> str:
     """The sbatch script of one run of ``cfg`` (rendered from ``runners/slurm/train.sbatch.tmpl``).
 
     Site settings: ``partition``, ``account``, ``gpus_per_node`` (0: no ``--gpus-per-node``),
@@ -90,6 +90,8 @@ def sbatch_script(cfg: RunConfig, *, partition: str | None = None, account: str 
     e.g. ``{"NCCL_SOCKET_IFNAME": "ib0"}``), ``python`` (the interpreter on the compute nodes),
     ``cpus_per_task`` (default ``nproc_per_node * threads``), ``sbatch_options`` (extra
     ``#SBATCH`` lines, e.g. ``"--exclusive"``). The log goes to ``<run_dir>/slurm-<jobid>.log``.
+    The job runs in the current directory (``--chdir``), so a relative ``cfg.out_dir`` names the
+    same folder for the job and for :func:`run_slurm` reading the record back.
     """
     if gpus_per_node < 0:
         raise ConfigError(f"gpus_per_node: must be >= 0, got {gpus_per_node!r}")
@@ -99,7 +101,7 @@ def sbatch_script(cfg: RunConfig, *, partition: str | None = None, account: str 
     if not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", time_limit):
         raise ConfigError(f"time_limit: expected [D-]HH:MM:SS, got {time_limit!r}")
     run_dir = os.path.abspath(cfg.run_dir())
-    workdir = os.path.abspath(workdir or os.getcwd())
+    workdir = os.getcwd()
     env = dict(env or {})
     for key in env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
