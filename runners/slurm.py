@@ -205,10 +205,19 @@ def _follow(job_id: str, log_path: str, out, timeout_s: float | None,
     offset = 0
     state = exit_code = None
     timed_out = False
+    errors = 0
     try:
         while True:
             offset = _stream(log_path, offset, out)
-            info = _job_info(job_id)
+            try:
+                info = _job_info(job_id)
+                errors = 0
+            except RuntimeError:  # a busy controller times out now and then: retry for ~a minute
+                errors += 1
+                if errors * poll_s > 60:
+                    raise
+                time.sleep(poll_s)
+                continue
             if info is None:  # the controller forgot the job: it ended more than MinJobAge ago
                 break
             state, exit_code = info.get("JobState"), info.get("ExitCode")

@@ -146,6 +146,14 @@ def test_timeout_cancels_the_job(slurm_cluster, tmp_path):
 
 
 @pytest.mark.slurm
+def test_sbatch_refusal_is_reported_before_anything_runs(slurm_cluster, tmp_path):
+    cfg = tiny(tmp_path, nnodes=2)
+    with pytest.raises(RunFailed, match=r"^sbatch refused run .* \(exit 1\): .*invalid partition"):
+        run_slurm(cfg, partition="nosuchpartition", echo=False)
+    assert read_record(cfg) is None
+
+
+@pytest.mark.slurm
 def test_srun_command_inside_an_allocation(slurm_cluster, tmp_path):
     cfg = tiny(tmp_path, nnodes=2)
     assert head_address("n[1-2]") == "127.0.0.1"
