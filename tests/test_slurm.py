@@ -175,7 +175,8 @@ def test_stopping_a_cluster_leaves_no_process(slurm_cluster):
 
     other = LocalSlurm(ctld_port=6837, node_ports=(6838, 6839)).start()
     root = other.root
-    job = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--wrap", "sleep 300"],
+    job = subprocess.run(["sbatch", "--parsable", "--nodes=2", f"--output={root}/sleep-%j.out",
+                          "--wrap", "sleep 300"],
                          env=other.env, capture_output=True, text=True)
     assert job.returncode == 0, job.stderr
     deadline = time.monotonic() + 20
