@@ -38,6 +38,12 @@ def srun_tokens(script: str) -> list[str]:
     return shlex.split(line)
 
 
+@pytest.fixture(scope="module")
+def local_two_process(tmp_path_factory):
+    """The reference: the tiny config as one local torchrun with 2 processes."""
+    return run(tiny(tmp_path_factory.mktemp("local"), nproc_per_node=2), echo=False)
+
+
 # -- the script (no SLURM needed) ---------------------------------------------------------
 
 def test_dry_run_renders_one_srun_torchrun_per_node(tmp_path):
@@ -97,8 +103,8 @@ def test_srun_command_needs_an_allocation_or_an_endpoint(tmp_path, monkeypatch):
 # -- real jobs ----------------------------------------------------------------------------
 
 @pytest.mark.slurm
-def test_two_node_job_matches_a_local_two_process_run(slurm_cluster, tmp_path):
-    local = run(tiny(tmp_path, nproc_per_node=2), echo=False)
+def test_two_node_job_matches_a_local_two_process_run(slurm_cluster, local_two_process, tmp_path):
+    local = local_two_process
     cfg = tiny(tmp_path, nnodes=2)
     out = io.StringIO()
     rec = run(cfg, launcher="slurm", launcher_opts={"time_limit": "00:05:00"}, timeout_s=120, echo=out)
@@ -238,10 +244,10 @@ def test_strong_scaling_notebook_runs_on_slurm(slurm_cluster, tmp_path):
 # -- the same rendezvous without a scheduler (runners/multinode.py) -------------------------
 
 @pytest.mark.slow
-def test_multinode_two_torchruns_match_a_local_two_process_run(tmp_path):
+def test_multinode_two_torchruns_match_a_local_two_process_run(local_two_process, tmp_path):
     from runners.multinode import run_multinode
 
-    local = run(tiny(tmp_path, nproc_per_node=2), echo=False)
+    local = local_two_process
     cfg = tiny(tmp_path, nnodes=2)
     out = io.StringIO()
     rec = run_multinode(cfg, timeout_s=120, echo=out)
