@@ -179,7 +179,8 @@ def run_slurm(cfg: RunConfig, *, timeout_s: float | None = None, echo=None, dry_
     state, exit_code, timed_out = _follow(job_id, log_path, out, timeout_s, poll_s)
     record = read_record(cfg)
     fresh = record is not None and (before is None or record.get("run_id") != before.get("run_id"))
-    if state == "COMPLETED" and fresh and record.get("status") == "ok":
+    # state None: the controller forgot the job before a poll saw it end (short MinJobAge)
+    if state in ("COMPLETED", None) and not timed_out and fresh and record.get("status") == "ok":
         return record
     tail = _tail(log_path)
     if timed_out:
