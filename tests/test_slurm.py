@@ -1,0 +1,270 @@
+"""The SLURM launcher: the rendered sbatch script, and real jobs on a SLURM started on localhost
+(slurmctld and two slurmd, nodes n1 and n2 with one CPU each; see tests/slurm_cluster.py)."""
+
+import glob
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from kanlib.config import ConfigError, RunConfig
+from runners.launch import RunFailed, launch_env, read_record, run
+from runners.slurm import head_address, rdzv_port, run_slurm, sbatch_script, srun_command
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOK = os.path.join(REPO, "notebooks", "01_strong_scaling.ipynb")
+
+
+def tiny(tmp_path, **kw) -> RunConfig:
+    """A run of a few seconds; one thread per process (each test node has one CPU)."""
+    base = dict(study="slurm", widths=(2, 4, 1), grid_size=4, n_train=512, n_val=128,
+                global_batch=64, steps=6, warmup_steps=1, threads=1, backend="gloo", device="cpu",
+                out_dir=str(tmp_path))
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def srun_tokens(script: str) -> list[str]:
+    """The arguments of the script's srun line (continuation lines joined)."""
+    joined = script.replace("\\\n", " ")
+    line = next(ln for ln in joined.splitlines() if ln.startswith("srun "))
+    return shlex.split(line)
+
+
+@pytest.fixture(scope="module")
+def local_two_process(tmp_path_factory):
+    """The reference: the tiny config as one local torchrun with 2 processes."""
+    return run(tiny(tmp_path_factory.mktemp("local"), nproc_per_node=2), echo=False)
+
+
+# -- the script (no SLURM needed) ---------------------------------------------------------
+
+def test_dry_run_renders_one_srun_torchrun_per_node(tmp_path):
+    cfg = tiny(tmp_path, nnodes=2, nproc_per_node=4, global_batch=64)
+    out = io.StringIO()
+    assert run_slurm(cfg, dry_run=True, echo=out, partition="gpu", account="proj", gpus_per_node=4,
+                     time_limit="01:00:00", modules=["cuda/12.4"], python="/opt/venv/bin/python",
+                     env={"NCCL_SOCKET_IFNAME": "ib0", "NCCL_DEBUG": "WARN"}) is None
+    text = out.getvalue()
+    assert not os.path.exists(cfg.run_dir()), "a dry run must not write anything"
+    run_dir = os.path.abspath(cfg.run_dir())
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4",
+                 "#SBATCH --cpus-per-task=4", "#SBATCH --partition=gpu", "#SBATCH --account=proj",
+                 "#SBATCH --time=01:00:00", f"#SBATCH --output={run_dir}/slurm-%j.log",
+                 "module load cuda/12.4", "export KANLIB_LAUNCHER=slurm", "export NCCL_SOCKET_IFNAME=ib0",
+                 "export NCCL_DEBUG=WARN", 'PORT=$((29500 + SLURM_JOB_ID % 1000))',
+                 f"$ sbatch --parsable {run_dir}/train.sbatch"):
+        assert line in text.splitlines(), f"missing line {line!r} in:\n{text}"
+    tokens = srun_tokens(text)
+    assert tokens[:4] == ["srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=1"]
+    assert tokens[4:7] == ["/opt/venv/bin/python", "-m", "torch.distributed.run"]
+    assert {"--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
+            "--rdzv-endpoint=$HEAD_ADDR:$PORT", "--rdzv-id=$SLURM_JOB_ID"} <= set(tokens)
+    i = tokens.index("kanlib.train")
+    assert RunConfig.from_cli(tokens[i + 1:]) == cfg
+    # the script is valid bash, and the rendezvous variables are expanded (double quotes)
+    script = text.split("\n", 1)[1].rsplit("\n$ sbatch", 1)[0]
+    path = tmp_path / "train.sbatch"
+    path.write_text(script)
+    check = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    assert '"--rdzv-endpoint=$HEAD_ADDR:$PORT"' in script
+
+
+def test_site_settings_are_checked(tmp_path):
+    cfg = tiny(tmp_path, nproc_per_node=4)
+    with pytest.raises(ConfigError, match="^nproc_per_node: 4 processes per node but gpus_per_node=2$"):
+        sbatch_script(cfg, gpus_per_node=2)
+    with pytest.raises(ConfigError, match="^time_limit: expected"):
+        sbatch_script(cfg, time_limit="30 minutes")
+    with pytest.raises(ConfigError, match="^env: 'BAD-NAME' is not a valid"):
+        sbatch_script(cfg, env={"BAD-NAME": "1"})
+    assert "--gpus-per-node" not in sbatch_script(cfg)
+
+
+def test_srun_command_needs_an_allocation_or_an_endpoint(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    cfg = tiny(tmp_path, nnodes=2)
+    with pytest.raises(RuntimeError, match="^SLURM_JOB_ID is not set"):
+        srun_command(cfg)
+    cmd = srun_command(cfg, python="/py", rdzv_endpoint="10.0.0.1:29517", rdzv_id="17")
+    assert cmd[:5] == ["srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=1", "/py"]
+    assert "--rdzv-endpoint=10.0.0.1:29517" in cmd and "--rdzv-id=17" in cmd
+    assert rdzv_port(17) == 29517 and rdzv_port(123456) == 29956
+
+
+# -- real jobs ----------------------------------------------------------------------------
+
+@pytest.mark.slurm
+def test_two_node_job_matches_a_local_two_process_run(slurm_cluster, local_two_process, tmp_path):
+    local = local_two_process
+    cfg = tiny(tmp_path, nnodes=2)
+    out = io.StringIO()
+    rec = run(cfg, launcher="slurm", launcher_opts={"time_limit": "00:05:00"}, timeout_s=120, echo=out)
+    assert rec == read_record(cfg)
+    assert rec["nnodes"] == 2 and rec["nproc_per_node"] == 1 and rec["world_size"] == 2
+    assert rec["launcher"] == "slurm" and local["launcher"] == "local"
+    assert rec["slurm_nodelist"] == "n[1-2]" and rec["slurm_job_id"]
+    assert rec["final_train_loss"] == pytest.approx(local["final_train_loss"], rel=1e-5)
+    assert rec["final_val_loss"] == pytest.approx(local["final_val_loss"], rel=1e-5)
+    # the log was streamed and kept in the run folder, next to the script that ran
+    log = os.path.join(cfg.run_dir(), f"slurm-{rec['slurm_job_id']}.log")
+    assert "rendezvous 127.0.0.1:" in open(log).read()
+    assert "rendezvous 127.0.0.1:" in out.getvalue()
+    assert os.path.exists(os.path.join(cfg.run_dir(), "train.sbatch"))
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a run that fails on the nodes: no GPU there")
+def test_failing_job_raises_with_its_slurm_log(slurm_cluster, tmp_path):
+    # The submit host does not check for GPUs (the nodes may have them); train does, and raises.
+    cfg = tiny(tmp_path, nnodes=2, device="cuda")
+    with pytest.raises(RunFailed) as info:
+        run(cfg, launcher="slurm", timeout_s=120, echo=False)
+    err = info.value
+    # exit code 1 from the rank that raised first, or 143 (SIGTERM) when srun ended it first
+    assert re.match(rf"SLURM job {err.job_id} \(run {cfg.run_key()}, 2 nodes x 1\) ended FAILED with "
+                    r"exit code \d+:0; first error: RuntimeError: device: 'cuda' was asked for, but no "
+                    r"CUDA device is visible; log: ", str(err)), str(err)
+    assert err.returncode not in (0, None)
+    assert "srun: error: n" in err.log_tail  # the SLURM log's tail, not only the message
+    assert os.path.exists(os.path.join(cfg.run_dir(), f"slurm-{err.job_id}.log"))
+    assert read_record(cfg) is None
+
+
+@pytest.mark.slurm
+def test_timeout_cancels_the_job(slurm_cluster, tmp_path):
+    cfg = tiny(tmp_path, nnodes=2)
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed, match=r"timed out after 2 s and was cancelled") as info:
+        run_slurm(cfg, timeout_s=2, echo=False, sbatch_args=["--begin=now+3600"])
+    assert time.monotonic() - t0 < 40
+    state = subprocess.run(["scontrol", "show", "job", "-o", info.value.job_id],
+                           capture_output=True, text=True)
+    assert "JobState=CANCELLED" in state.stdout or "Invalid job id" in state.stderr
+
+
+@pytest.mark.slurm
+def test_sbatch_refusal_is_reported_before_anything_runs(slurm_cluster, tmp_path):
+    cfg = tiny(tmp_path, nnodes=2)
+    with pytest.raises(RunFailed, match=r"^sbatch refused run .* \(exit 1\): .*invalid partition"):
+        run_slurm(cfg, partition="nosuchpartition", echo=False)
+    assert read_record(cfg) is None
+
+
+@pytest.mark.slurm
+def test_srun_command_inside_an_allocation(slurm_cluster, tmp_path):
+    cfg = tiny(tmp_path, nnodes=2)
+    assert head_address("n[1-2]") == "127.0.0.1"
+    inner = ("import subprocess, sys; from kanlib.config import RunConfig; "
+             "from runners.slurm import srun_command; "
+             f"sys.exit(subprocess.run(srun_command(RunConfig.from_cli({cfg.to_cli()!r}))).returncode)")
+    proc = subprocess.run(["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=00:05:00",
+                           sys.executable, "-c", inner],
+                          env=launch_env(cfg, "slurm"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = read_record(cfg)
+    assert rec["world_size"] == 2 and rec["launcher"] == "slurm" and rec["slurm_nodelist"] == "n[1-2]"
+
+
+@pytest.mark.slurm
+def test_stopping_a_cluster_leaves_no_process(slurm_cluster):
+    """A second, throw-away cluster: stop() must end its daemons and a job still running."""
+    from slurm_cluster import LocalSlurm
+
+    other = LocalSlurm(ctld_port=6837, node_ports=(6838, 6839)).start()
+    root = other.root
+    job = subprocess.run(["sbatch", "--parsable", "--nodes=2", f"--output={root}/sleep-%j.out",
+                          "--wrap", "sleep 300"],
+                         env=other.env, capture_output=True, text=True)
+    assert job.returncode == 0, job.stderr
+    deadline = time.monotonic() + 20
+    while "JobState=RUNNING" not in subprocess.run(
+            ["scontrol", "show", "job", "-o", job.stdout.strip()], env=other.env,
+            capture_output=True, text=True).stdout:
+        assert time.monotonic() < deadline, "the sleep job did not start"
+        time.sleep(0.2)
+    pids = other.alive()
+    assert len(pids) >= 4 + 1  # munged, slurmctld, 2 slurmd, and the job
+    other.stop()
+    assert other.alive() == []
+    left = subprocess.run(["pgrep", "-f", root], capture_output=True, text=True).stdout.split()
+    assert left == [], f"processes naming {root} still running: {left}"
+    for pid in pids:
+        assert not _running(pid), f"pid {pid} of the stopped cluster is still running"
+    assert not os.path.exists(root)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+# -- the study notebook on SLURM ------------------------------------------------------------
+
+@pytest.mark.slurm
+def test_strong_scaling_notebook_runs_on_slurm(slurm_cluster, tmp_path):
+    if not os.path.exists(NOTEBOOK):
+        pytest.skip("notebooks/01_strong_scaling.ipynb is not in this checkout")
+    import papermill
+
+    params = papermill.inspect_notebook(NOTEBOOK)
+    for name in ("launcher", "launcher_opts", "out_dir"):
+        assert name in params, f"{NOTEBOOK}: the parameters cell has no {name!r}"
+    out_dir = tmp_path / "outputs"
+    # Each test node has one CPU: several processes of a run share the node's one CPU.
+    values = {"launcher": "slurm", "out_dir": str(out_dir),
+              "launcher_opts": {"cpus_per_task": 1, "time_limit": "00:05:00"}}
+    # Small runs, and world size 2 as 2 nodes x 1 process, where the notebook has those knobs.
+    small = {"world_sizes": [1, 2], "procs_per_node": 1, "repeats": 1, "steps": 8, "warmup_steps": 2,
+             "widths": [2, 8, 1], "global_batch": 64, "threads": 1, "backend": "gloo",
+             "device": "cpu", "timeout_s": 120.0}
+    values.update({k: v for k, v in small.items() if k in params})
+    papermill.execute_notebook(NOTEBOOK, str(tmp_path / "out.ipynb"), parameters=values,
+                               cwd=os.path.dirname(NOTEBOOK), kernel_name="python3",
+                               progress_bar=False)
+    records = [json.load(open(p)) for p in glob.glob(str(out_dir / "**" / "record.json"), recursive=True)]
+    assert records, f"the notebook wrote no record under {out_dir}"
+    assert {r["launcher"] for r in records} == {"slurm"}
+    assert all(r["slurm_job_id"] for r in records)
+    if "procs_per_node" in params:
+        assert {(r["nnodes"], r["world_size"]) for r in records} == {(1, 1), (2, 2)}
+
+
+# -- the same rendezvous without a scheduler (runners/multinode.py) -------------------------
+
+@pytest.mark.slow
+def test_multinode_two_torchruns_match_a_local_two_process_run(local_two_process, tmp_path):
+    from runners.multinode import run_multinode
+
+    local = local_two_process
+    cfg = tiny(tmp_path, nnodes=2)
+    out = io.StringIO()
+    rec = run_multinode(cfg, timeout_s=120, echo=out)
+    assert rec["nnodes"] == 2 and rec["world_size"] == 2 and rec["launcher"] == "multinode"
+    assert rec["final_train_loss"] == pytest.approx(local["final_train_loss"], rel=1e-5)
+    assert rec["final_val_loss"] == pytest.approx(local["final_val_loss"], rel=1e-5)
+    assert "[node 0] " in out.getvalue() and "[node 1] " in out.getvalue()
+    assert all(os.path.exists(os.path.join(cfg.run_dir(), f"launch-node{i}.log")) for i in (0, 1))
+
+
+@pytest.mark.slow
+def test_multinode_timeout_stops_every_node(tmp_path):
+    from runners.multinode import run_multinode
+
+    cfg = tiny(tmp_path, nnodes=2, steps=100000, n_train=4096)
+    with pytest.raises(RunFailed, match=r"^multinode run .* \(2 nodes x 1, rendezvous 127\.0\.0\.1:\d+\) "
+                                        r"timed out after 3 s; log: "):
+        run_multinode(cfg, timeout_s=3, echo=False)
+    left = subprocess.run(["pgrep", "-f", f"--out_dir={tmp_path}"], capture_output=True, text=True)
+    assert left.stdout.split() == [], "torchrun or its workers outlived the timeout"
