@@ -147,7 +147,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-LAUNCHERS = ("local", "slurm")
+LAUNCHERS = ("local", "multinode", "slurm")
 
 
 def run(cfg: RunConfig, *, launcher: str = "local", launcher_opts: dict | None = None,
@@ -155,6 +155,7 @@ def run(cfg: RunConfig, *, launcher: str = "local", launcher_opts: dict | None =
     """Launch ``cfg`` and return its record.
 
     ``launcher='local'`` runs one torchrun with ``nproc_per_node`` processes on this machine;
+    ``launcher='multinode'`` runs ``nnodes`` torchruns here joined by one c10d rendezvous;
     ``launcher='slurm'`` submits it to SLURM (see runners/slurm.py; ``launcher_opts`` are its
     site settings).
     """
@@ -164,6 +165,10 @@ def run(cfg: RunConfig, *, launcher: str = "local", launcher_opts: dict | None =
         from runners.slurm import run_slurm
 
         return run_slurm(cfg, timeout_s=timeout_s, echo=echo, **(launcher_opts or {}))
+    if launcher == "multinode":
+        from runners.multinode import run_multinode
+
+        return run_multinode(cfg, timeout_s=timeout_s, echo=echo, **(launcher_opts or {}))
     check_environment(cfg)
     run_dir = cfg.run_dir()
     os.makedirs(run_dir, exist_ok=True)

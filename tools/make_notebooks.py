@@ -24,7 +24,7 @@ n_train: int = 16384  # training samples generated from the seed
 threads: int = 1  # torch threads per process
 backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
 device: str = "auto"  # auto | cpu | cuda
-launcher: str = "local"  # local (torchrun on this machine) | slurm (sbatch, waits for the job)
+launcher: str = "local"  # local (one torchrun here) | multinode (nnodes torchruns, c10d) | slurm (sbatch, waits)
 launcher_opts: dict = {}  # slurm site settings, e.g. {"partition": "gpu", "gpus_per_node": 4, "time_limit": "00:30:00"}
 procs_per_node: int = 0  # 0: all processes on one node; else world size = nodes x procs_per_node
 out_dir: str = "../outputs"  # records go to out_dir/<study>/<run_key>/
