@@ -309,6 +309,7 @@ def _run_local(cfg: RunConfig, *, timeout_s, echo, max_restarts: int, port_retri
         with contextlib.suppress(FileNotFoundError):
             os.remove(marker)
         cmd = torchrun_command(cfg, max_restarts=max_restarts)
+        log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
         rc, tail = run_command(cmd, launch_env(cfg, "local"), log_path, timeout_s=timeout_s, echo=echo)
         record = read_record(cfg)
         if rc == 0 and record is not None:
@@ -324,7 +325,9 @@ def _run_local(cfg: RunConfig, *, timeout_s, echo, max_restarts: int, port_retri
         status, why = "preempted", f"was preempted (SIGTERM; checkpoint saved, exit code {rc})"
     else:
         status, why = "failed", f"exited with code {rc}"
-    err = error_line(tail) or why
+    with open(log_path, errors="replace") as f:
+        f.seek(log_start)
+        err = error_line(f.read()) or why
     raise RunFailed(f"run {cfg.run_key()} (world size {cfg.world_size}) {why}: {err}\nlog: {log_path}"
                     f"\n--- last lines ---\n{tail}",
                     returncode=rc, log_tail=tail, run_dir=run_dir, status=status,
