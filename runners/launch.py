@@ -8,7 +8,8 @@ Every attempt ``run`` makes is appended to the study's manifest
 (``out_dir/<study>/manifest.jsonl``, kanlib.results.append_manifest) with its status: ok,
 failed, timeout (the run-level deadline ``timeout_s`` passed) or preempted (the training
 processes were sent SIGTERM and checkpointed; see kanlib.train). Local runs rendezvous on
-127.0.0.1 at a free port, retried on a new port if it was taken meanwhile (docs/faults.md).
+127.0.0.1, port 0 (the OS picks a free one); a launch that still reports an address in use is
+relaunched (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +45,14 @@ class RunFailed(RuntimeError):
         self.error = error  # the root-cause line found in the log, or a summary
 
 
+def available_cpus() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def check_environment(cfg: RunConfig) -> None:
     """Refuse, before any process starts, a config this machine cannot run (names the field)."""
     wants_cuda = cfg.device == "cuda" or cfg.backend == "nccl"
@@ -55,13 +63,10 @@ def check_environment(cfg: RunConfig) -> None:
     if uses_cuda and cfg.nproc_per_node > torch.cuda.device_count():
         raise ConfigError(f"nproc_per_node: {cfg.nproc_per_node} processes per node but only "
                           f"{torch.cuda.device_count()} CUDA devices are visible")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    if not uses_cuda and cfg.nproc_per_node > available_cpus():
+        raise ConfigError(f"nproc_per_node: {cfg.nproc_per_node} CPU processes per node but only "
+                          f"{available_cpus()} CPU cores are available to this process (the "
+                          f"processes would share cores and the timings would mean nothing)")
 
 
 def torchrun_command(cfg: RunConfig, *, python: str = sys.executable, standalone: bool = True,
@@ -69,9 +74,10 @@ def torchrun_command(cfg: RunConfig, *, python: str = sys.executable, standalone
                      max_restarts: int = 0, entry: list[str] | None = None) -> list[str]:
     """The torchrun command line of one run (one torchrun per node).
 
-    ``standalone`` runs a single-node job whose c10d rendezvous binds the loopback address:
-    ``rdzv_endpoint`` defaults to ``127.0.0.1:<free port>`` and ``rdzv_id`` to a fresh uuid
-    (torchrun's own ``--standalone`` would do the same on all interfaces). Otherwise a c10d
+    ``standalone`` runs a single-node job with a private c10d rendezvous on the loopback
+    address: ``rdzv_endpoint`` defaults to ``127.0.0.1:0`` (the store binds a port the OS
+    picks, so a busy port cannot collide; a fixed port that is taken would make torchrun wait
+    as a client of whatever holds it) and ``rdzv_id`` to a fresh uuid. Otherwise a c10d
     rendezvous at ``rdzv_endpoint`` (``host:port``) with id ``rdzv_id`` joins ``cfg.nnodes``
     torchrun invocations.
     """
@@ -79,7 +85,7 @@ def torchrun_command(cfg: RunConfig, *, python: str = sys.executable, standalone
     if standalone:
         if cfg.nnodes != 1:
             raise ConfigError(f"nnodes: a standalone (local) launch has one node, got {cfg.nnodes}")
-        rdzv_endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"
+        rdzv_endpoint = rdzv_endpoint or "127.0.0.1:0"  # port 0: the store binds a free port itself
         rdzv_id = rdzv_id or uuid.uuid4().hex
         cmd += ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
                 f"--rdzv-id={rdzv_id}"]
@@ -263,8 +269,8 @@ def run(cfg: RunConfig, *, launcher: str = "local", launcher_opts: dict | None =
     ``launcher='slurm'`` submits it to SLURM (see runners/slurm.py; ``launcher_opts`` are its
     site settings). ``timeout_s`` is a deadline for the whole run (status ``timeout``);
     ``max_restarts`` lets torchrun restart failed workers, which resume from the last
-    checkpoint. A local run whose rendezvous port was taken before torchrun bound it is
-    relaunched on another port, up to ``port_retries`` times. Raises :class:`RunFailed` (with
+    checkpoint. A local launch that fails with "address already in use" (a port taken between
+    torchrun picking it and binding it) is relaunched, up to ``port_retries`` times. Raises :class:`RunFailed` (with
     ``status`` failed, timeout or preempted) when there is no record, and ConfigError for a
     config this machine cannot run (also recorded as a failed attempt).
     """
@@ -318,7 +324,7 @@ def _run_local(cfg: RunConfig, *, timeout_s, echo, max_restarts: int, port_retri
         if not (busy and attempt < port_retries):
             break
         with open(log_path, "a") as log:
-            log.write("kanlib: the rendezvous port was taken; relaunching on another port\n")
+            log.write("kanlib: a port was taken (address already in use); relaunching\n")
     if rc is None:
         status, why = "timeout", f"passed its deadline of {timeout_s} s"
     elif os.path.exists(marker):
