@@ -186,6 +186,24 @@ def _save_checkpoint(run_dir: str, step: int, model, optimizer, cfg: RunConfig, 
     return checkpoint.save(run_dir, state, step, before_rename=kill)
 
 
+def _check_replicas_agree(model: torch.nn.Module, info: DistInfo) -> None:
+    """Raise on every rank if the replicas' parameters differ (compares float64 fingerprints:
+    sum, sum of squares and an index-weighted sum of all parameters, and finiteness)."""
+    if not info.distributed:
+        return
+    flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in model.parameters()])
+    idx = torch.arange(1, flat.numel() + 1, dtype=torch.float64)
+    finite = bool(torch.isfinite(flat).all())
+    flat = torch.nan_to_num(flat)
+    mine = torch.stack([flat.sum(), (flat * flat).sum(), (flat * idx).sum(),
+                        torch.tensor(float(finite), dtype=torch.float64)]).to(info.device)
+    everyone = [torch.zeros_like(mine) for _ in range(info.world_size)]
+    dist.all_gather(everyone, mine)
+    differ = [r for r, t in enumerate(everyone) if not torch.equal(t.cpu(), everyone[0].cpu())]
+    if differ:
+        raise RuntimeError(f"parameters differ across ranks after training: ranks {differ} disagree with rank 0")
+
+
 def _train(cfg: RunConfig, info: DistInfo, stop: _StopRequest) -> dict | None:
     started_at = results.now_iso()
     run_dir = cfg.run_dir()
@@ -291,6 +309,7 @@ def _train(cfg: RunConfig, info: DistInfo, stop: _StopRequest) -> dict | None:
         stacked = torch.stack(gathered)  # (world, steps, phases)
         per_step = stacked.max(dim=0).values
         per_step[:, -1] = stacked[:, :, -1].mean(dim=0)
+    _check_replicas_agree(model, info)
     peak_local, peak_kind = peak_memory_bytes(info.device)
     peak = torch.tensor([float(peak_local)], dtype=torch.float64)
     if info.distributed:

@@ -32,6 +32,7 @@ from kanlib.config import ConfigError, RunConfig
 
 ENTRY = ["-m", "kanlib.train"]
 SHUTDOWN_GRACE_S = 15  # SIGTERM to SIGKILL, for torchrun's workers (a preempted run checkpoints)
+LAUNCHERS = ("local", "slurm")
 
 
 class RunFailed(RuntimeError):
@@ -242,23 +243,33 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             time.sleep(0.05)
 
 
-_ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:?\s*)?((?:[\w.]+\.)?\w*(?:Error|Exception|Fault|Loss)\b:.*)$")
-_BUSY_PORT = re.compile(r"address already in use|EADDRINUSE|errno: 98", re.IGNORECASE)
+_ERROR_LINE = re.compile(r"^(?:\[rank(\d+)\]:?\s*)?((?:[\w.]+\.)?\w*(?:Error|Exception|Fault|Loss)\b:.*)$")
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
+_BUSY_PORT = re.compile(r"address already in use|EADDRINUSE", re.IGNORECASE)
 
 
-def error_line(tail: str) -> str:
-    """The most telling error line in a run's log tail (the last ``SomeError: ...`` that is not
-    torchrun's summary), or ''."""
-    found = ""
-    for line in tail.splitlines():
+def error_line(log: str) -> str:
+    """The most telling error of a run's log: the last ``SomeError: ...`` line of the rank torchrun
+    names as the root cause, else that rank's exit code, else the last error line, else ''."""
+    lines: list[tuple[str | None, str]] = []
+    for line in log.splitlines():
         m = _ERROR_LINE.match(line.strip())
-        if m and not m.group(1).startswith(("torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
-                                            "ChildFailedError")):
-            found = m.group(1)
-    return found[:500]
-
-
-LAUNCHERS = ("local", "slurm")
+        if m and "ChildFailedError" not in m.group(2):
+            lines.append((m.group(1), m.group(2)))
+    root = _ROOT_CAUSE.search(log)
+    if root:
+        mine = [text for rank, text in lines if rank == root.group(1)]
+        if mine:
+            return mine[-1][:500]
+        code = int(root.group(2))
+        if code < 0:
+            try:
+                return f"rank {root.group(1)} was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                pass
+        if not lines:
+            return f"rank {root.group(1)} exited with code {code}"
+    return lines[-1][1][:500] if lines else ""
 
 
 def run(cfg: RunConfig, *, launcher: str = "local", launcher_opts: dict | None = None,
@@ -270,7 +281,8 @@ def run(cfg: RunConfig, *, launcher: str = "local", launcher_opts: dict | None =
     site settings). ``timeout_s`` is a deadline for the whole run (status ``timeout``);
     ``max_restarts`` lets torchrun restart failed workers, which resume from the last
     checkpoint. A local launch that fails with "address already in use" (a port taken between
-    torchrun picking it and binding it) is relaunched, up to ``port_retries`` times. Raises :class:`RunFailed` (with
+    torchrun picking it and binding it) is relaunched, up to ``port_retries`` times. Raises
+    :class:`RunFailed` (with
     ``status`` failed, timeout or preempted) when there is no record, and ConfigError for a
     config this machine cannot run (also recorded as a failed attempt).
     """
