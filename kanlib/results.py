@@ -174,7 +174,7 @@ def load_records(root: str, study: str | None = None, strict: bool = False) -> p
                       + "; ".join(f"{p} line {ln}: {r}" for p, ln, r in bad), stacklevel=2)
     if not rows:
         what = f" of study {study!r}" if study else ""
-        raise NoRecordsError(f"no records under {os.path.abspath(root)}{what}"
+        raise NoRecordsError(f"no records{what} under {os.path.abspath(root)}"
                              + (f" ({len(bad)} unreadable)" if bad else ""))
     df = pd.DataFrame(rows)
     df.attrs["bad"] = bad

@@ -144,5 +144,5 @@ def test_corrupt_records_are_named_and_skipped(tmp_path):
 def test_empty_output_dir_says_no_records(tmp_path):
     with pytest.raises(results.NoRecordsError, match=f"^no records under {tmp_path}"):
         results.load_records(str(tmp_path))
-    with pytest.raises(results.NoRecordsError, match=f"^no records under {tmp_path} of study 'x'"):
+    with pytest.raises(results.NoRecordsError, match=f"^no records of study 'x' under {tmp_path}"):
         results.load_records(str(tmp_path), study="x")
