@@ -311,6 +311,14 @@ def run(cfg: RunConfig, *, launcher: str = "local", launcher_opts: dict | None =
     except ConfigError as e:
         note("failed", None, f"ConfigError: {e}")
         raise
+    except KeyboardInterrupt:  # run_command has sent the run SIGTERM and waited for it
+        from kanlib.train import PREEMPTED_NAME
+
+        if os.path.exists(os.path.join(cfg.run_dir(), PREEMPTED_NAME)):
+            note("preempted", None, "the launching process was interrupted; the run checkpointed and stopped")
+        else:
+            note("failed", None, "the launching process was interrupted; the run stopped without a checkpoint")
+        raise
     note("ok", 0)
     return record
 

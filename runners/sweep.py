@@ -10,6 +10,8 @@ what is missing (a run in flight when the sweep dies gets SIGTERM and checkpoint
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,11 +41,50 @@ def run_sweep(configs: list[RunConfig], *, launcher: str = "local", launcher_opt
               echo=False, max_restarts: int = 0) -> SweepResult:
     """Run each config (skipping those with an ok record already, when ``skip_done``), carry on
     past failures, and report them at the end. ``echo`` streams the runs' output (False: quiet).
-    ``timeout_s`` is each run's deadline; ``max_restarts`` is passed to torchrun."""
-    from tqdm.auto import tqdm
+    ``timeout_s`` is each run's deadline; ``max_restarts`` is passed to torchrun. SIGTERM to
+    the sweep (or Ctrl-C) stops the run in flight gracefully (it checkpoints and is recorded as
+    preempted) and raises :class:`SweepInterrupted` (KeyboardInterrupt for Ctrl-C)."""
 
     result = SweepResult()
     t0 = time.monotonic()
+    with _sigterm_interrupts():
+        _sweep(configs, result, launcher=launcher, launcher_opts=launcher_opts, timeout_s=timeout_s,
+               skip_done=skip_done, progress=progress, echo=echo, max_restarts=max_restarts)
+    elapsed = time.monotonic() - t0
+    print(f"sweep: {len(result.records)} ok ({result.skipped} already done), "
+          f"{len(result.failures)} failed, {elapsed:.1f} s")
+    for cfg, msg in result.failures:
+        print(f"FAILED {cfg.run_key()}: {msg.splitlines()[0]}")
+    return result
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """The sweep process got SIGTERM; the run in flight was stopped (checkpointed) and recorded
+    as preempted."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM to the sweep process raises :class:`SweepInterrupted` (main thread only), so the
+    run in flight is ended gracefully and its attempt recorded, as for Ctrl-C."""
+    def handle(signum, frame):
+        raise SweepInterrupted("the sweep got SIGTERM")
+
+    try:
+        prev = signal.signal(signal.SIGTERM, handle)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, prev)
+
+
+def _sweep(configs, result: SweepResult, *, launcher, launcher_opts, timeout_s, skip_done, progress,
+           echo, max_restarts) -> None:
+    from tqdm.auto import tqdm
+
     bar = tqdm(total=len(configs), desc="sweep", unit="run", disable=not progress, file=sys.stdout)
     for cfg in configs:
         bar.set_postfix_str(f"{cfg.study} ws={cfg.world_size} r={cfg.repeat}")
@@ -62,12 +103,6 @@ def run_sweep(configs: list[RunConfig], *, launcher: str = "local", launcher_opt
                 result.failures.append((cfg, f"failed: ConfigError: {e}"))
         bar.update(1)
     bar.close()
-    elapsed = time.monotonic() - t0
-    print(f"sweep: {len(result.records)} ok ({result.skipped} already done), "
-          f"{len(result.failures)} failed, {elapsed:.1f} s")
-    for cfg, msg in result.failures:
-        print(f"FAILED {cfg.run_key()}: {msg.splitlines()[0]}")
-    return result
 
 
 def _ok_record(cfg: RunConfig) -> dict | None:

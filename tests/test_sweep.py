@@ -43,14 +43,15 @@ SWEEP_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
     from runhelp import tiny
     from runners.sweep import run_sweep
-    configs = [tiny({out!r}, steps=s, seed=i, checkpoint_every=5) for i, s in enumerate([10, 400, 10])]
+    configs = [tiny({out!r}, steps=s, seed=i, checkpoint_every=5) for i, s in enumerate([10, 400])]
     run_sweep(configs, progress=False, timeout_s=120)
 """)
 
 
-def test_killed_sweep_resumes_only_what_is_missing(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_killed_sweep_resumes_only_what_is_missing(tmp_path, sig):
     script = SWEEP_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"), out=str(tmp_path))
-    configs = [tiny(tmp_path, steps=s, seed=i, checkpoint_every=5) for i, s in enumerate([10, 400, 10])]
+    configs = [tiny(tmp_path, steps=s, seed=i, checkpoint_every=5) for i, s in enumerate([10, 400])]
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # Wait until the second (long) run has written a checkpoint, then kill the sweep outright.
@@ -59,8 +60,8 @@ def test_killed_sweep_resumes_only_what_is_missing(tmp_path):
         while not os.path.exists(ckpt) and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
         assert os.path.exists(ckpt), "the sweep never reached its second run"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) != 0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -70,14 +71,18 @@ def test_killed_sweep_resumes_only_what_is_missing(tmp_path):
     while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not processes_mentioning(str(tmp_path))
-    assert [r["status"] for r in manifest_rows(configs[0])] == ["ok"]  # the killed attempt has no row
+    # SIGKILL: the sweep could not record the attempt it was in. SIGTERM: it stopped the run
+    # gracefully and recorded it as preempted.
+    interrupted = [] if sig == signal.SIGKILL else [(configs[1].run_key(), "preempted")]
+    rows = [(r["run_key"], r["status"]) for r in manifest_rows(configs[0])]
+    assert rows == [(configs[0].run_key(), "ok")] + interrupted
+    assert os.path.exists(os.path.join(configs[1].run_dir(), "preempted.json"))
     assert not os.path.exists(os.path.join(configs[1].run_dir(), results.RECORD_NAME))
 
     res = run_sweep(configs, progress=False, timeout_s=120)
-    assert res.ok and res.skipped == 1 and len(res.records) == 3
-    rows = manifest_rows(configs[0])
-    assert [(r["run_key"], r["status"]) for r in rows] == [
-        (configs[0].run_key(), "ok"), (configs[1].run_key(), "ok"), (configs[2].run_key(), "ok")]
+    assert res.ok and res.skipped == 1 and len(res.records) == 2
+    rows = [(r["run_key"], r["status"]) for r in manifest_rows(configs[0])]
+    assert rows == [(configs[0].run_key(), "ok")] + interrupted + [(configs[1].run_key(), "ok")]
     rec = {r["run_key"]: r for r in res.records}[configs[1].run_key()]
     assert rec["resumed_from_step"] > 0  # continued from its checkpoint, not from scratch
     steps = results.load_steps(configs[1].run_dir())
