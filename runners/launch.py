@@ -33,6 +33,7 @@ from kanlib.config import ConfigError, RunConfig
 ENTRY = ["-m", "kanlib.train"]
 SHUTDOWN_GRACE_S = 15  # SIGTERM to SIGKILL, for torchrun's workers (a preempted run checkpoints)
 LAUNCHERS = ("local", "slurm")
+LOG_TAIL_LINES = 200
 
 
 class RunFailed(RuntimeError):
@@ -353,8 +354,11 @@ def _run_local(cfg: RunConfig, *, timeout_s, echo, max_restarts: int, port_retri
         status, why = "failed", f"exited with code {rc}"
     with open(log_path, errors="replace") as f:
         f.seek(log_start)
-        err = error_line(f.read()) or why
+        attempt_log = f.read()
+    err = error_line(attempt_log) or why
+    # log_tail: this attempt's last LOG_TAIL_LINES lines (torchrun's failure report alone is ~30).
+    log_tail = "".join(attempt_log.splitlines(keepends=True)[-LOG_TAIL_LINES:])
     raise RunFailed(f"run {cfg.run_key()} (world size {cfg.world_size}) {why}: {err}\nlog: {log_path}"
                     f"\n--- last lines ---\n{tail}",
-                    returncode=rc, log_tail=tail, run_dir=run_dir, status=status,
+                    returncode=rc, log_tail=log_tail, run_dir=run_dir, status=status,
                     error=err if status == "failed" else f"{why}; {err}" if err != why else why)
