@@ -10,8 +10,9 @@ list of ``mode@rank:step`` items, for example ``KANLIB_FAULT=kill@1:12`` or
                 SIGTERM handler is reset to the default, as for a rank stuck in native code, so
                 the launcher's teardown still ends it.
 - ``nan``       the rank's loss of that step becomes NaN (the gradients too).
-- ``term``      the rank sends SIGTERM to its launcher (torchrun, which passes it on to every
-                worker), as a scheduler does on preemption, at the start of that step.
+- ``term``      at the start of that step the rank sends SIGTERM to its launcher (torchrun,
+                which passes it on to every worker) and to itself, as a scheduler does on
+                preemption; the ranks then stop together after that step.
 - ``ckptkill``  rank 0 is killed (SIGKILL) while writing the checkpoint of that step: after the
                 temporary file is written and synced, before it is renamed into place.
 
@@ -85,7 +86,10 @@ def at_step_start(faults: list[Fault], rank: int, step: int) -> None:
     if due(faults, "kill", rank, step):
         os.kill(os.getpid(), signal.SIGKILL)
     if due(faults, "term", rank, step):
+        # The scheduler signals every process of the job; this rank gets its own SIGTERM at once
+        # (so the stop is agreed at this step, not whenever torchrun's copy arrives).
         os.kill(os.getppid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
     if due(faults, "hang", rank, step):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         while True:
