@@ -127,16 +127,27 @@ def read_record(cfg: RunConfig) -> dict | None:
         return json.load(f)
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the launching process dies (Linux), so a killed
-    sweep does not leave its run behind; the run then checkpoints and stops like a preemption."""
+def _resolve_prctl():
+    """libc's prctl, looked up once in this process (not in the forked child, where loading a
+    library could deadlock on a lock another thread held at fork time); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+
+
+_PRCTL = _resolve_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the launching process dies (Linux), so a killed
+    sweep does not leave its run behind; the run then checkpoints and stops like a preemption."""
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def run_command(cmd: list[str], env: dict, log_path: str, *, timeout_s: float | None = None,
@@ -157,7 +168,7 @@ def run_command(cmd: list[str], env: dict, log_path: str, *, timeout_s: float | 
         log.flush()
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, bufsize=1, start_new_session=True,
-                                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+                                preexec_fn=_die_with_parent if _PRCTL is not None else None)
         try:
             os.set_blocking(proc.stdout.fileno(), False)
             timed_out = False
