@@ -52,6 +52,7 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
     assert checkpoint.load_latest(str(tmp_path))["model"]["w"][0].item() == 15.0
 
 
+@pytest.mark.slow
 def test_kill_between_checkpoint_write_and_rename_resumes_from_previous(tmp_path, monkeypatch):
     # Rank 0 dies after writing ckpt-10.pt.tmp and before renaming it; torchrun restarts both
     # ranks, which ignore the temporary file and resume from step 5.
@@ -85,6 +86,7 @@ def _copy_of(crashed_run, tmp_path):
     return cfg, os.path.join(checkpoint.checkpoint_dir(cfg.run_dir()), "ckpt-00000010.pt")
 
 
+@pytest.mark.slow
 def test_truncated_checkpoint_fails_naming_the_file(crashed_run, tmp_path):
     cfg, path = _copy_of(crashed_run, tmp_path)
     with open(path, "r+b") as f:
@@ -107,6 +109,7 @@ class _Evil:
         return (os.system, (f"touch {self.marker}",))
 
 
+@pytest.mark.slow
 def test_malicious_pickle_checkpoint_is_refused(crashed_run, tmp_path):
     cfg, path = _copy_of(crashed_run, tmp_path)
     marker = tmp_path / "pwned"

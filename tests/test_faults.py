@@ -18,7 +18,6 @@ from runhelp import final_params, manifest_rows, max_abs_diff, no_process_left, 
 from runners import launch
 from runners.launch import RunFailed, run
 
-pytestmark = pytest.mark.slow
 
 
 def test_fault_spec_parsing():
@@ -30,6 +29,7 @@ def test_fault_spec_parsing():
         parse("kill@1")
 
 
+@pytest.mark.slow
 def test_rank_raises(tmp_path, monkeypatch):
     monkeypatch.setenv("KANLIB_FAULT", "raise@1:7")
     cfg = tiny(tmp_path)
@@ -42,6 +42,7 @@ def test_rank_raises(tmp_path, monkeypatch):
     assert not os.path.exists(os.path.join(cfg.run_dir(), results.RECORD_NAME))
 
 
+@pytest.mark.slow
 def test_rank_sigkilled(tmp_path, monkeypatch):
     monkeypatch.setenv("KANLIB_FAULT", "kill@1:7")
     cfg = tiny(tmp_path)
@@ -55,6 +56,7 @@ def test_rank_sigkilled(tmp_path, monkeypatch):
     assert row["error"] == "rank 1 was killed by SIGKILL"
 
 
+@pytest.mark.slow
 def test_hung_rank_fails_by_collective_timeout(tmp_path, monkeypatch):
     monkeypatch.setenv("KANLIB_FAULT", "hang@1:7")
     cfg = tiny(tmp_path, pg_timeout_s=5.0)
@@ -67,6 +69,7 @@ def test_hung_rank_fails_by_collective_timeout(tmp_path, monkeypatch):
     assert row["status"] == "failed" and "Timed out" in row["error"]
 
 
+@pytest.mark.slow
 def test_run_deadline_records_timeout(tmp_path, monkeypatch):
     monkeypatch.setenv("KANLIB_FAULT", "hang@1:7")
     monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "2")
@@ -80,6 +83,7 @@ def test_run_deadline_records_timeout(tmp_path, monkeypatch):
     assert row["status"] == "timeout" and row["exit_code"] is None and "deadline of 10 s" in row["error"]
 
 
+@pytest.mark.slow
 def test_nan_on_one_rank_skipped_on_all(tmp_path, monkeypatch):
     monkeypatch.setenv("KANLIB_FAULT", "nan@1:6")
     cfg = tiny(tmp_path, nan_policy="skip")
@@ -92,6 +96,7 @@ def test_nan_on_one_rank_skipped_on_all(tmp_path, monkeypatch):
     assert [r["status"] for r in manifest_rows(cfg)] == ["ok"]
 
 
+@pytest.mark.slow
 def test_nan_on_one_rank_stops_all(tmp_path, monkeypatch):
     monkeypatch.setenv("KANLIB_FAULT", "nan@1:6")
     cfg = tiny(tmp_path, nan_policy="stop")
@@ -103,6 +108,7 @@ def test_nan_on_one_rank_stops_all(tmp_path, monkeypatch):
         assert f"[rank{rank}]: NonFiniteLoss: non-finite loss at step 6 on rank(s) [1]" in log
 
 
+@pytest.mark.slow
 def test_sigterm_preempts_with_checkpoint_and_rerun_resumes(tmp_path, monkeypatch):
     monkeypatch.setenv("KANLIB_FAULT", "term@0:7")  # SIGTERM to torchrun, as a scheduler does
     cfg = tiny(tmp_path)
@@ -121,6 +127,7 @@ def test_sigterm_preempts_with_checkpoint_and_rerun_resumes(tmp_path, monkeypatc
     assert steps.step.tolist() == list(range(20))  # no duplicate rows after the resume
 
 
+@pytest.mark.slow
 def test_killed_rank_restarted_gives_identical_parameters(tmp_path, monkeypatch):
     monkeypatch.setenv("KANLIB_FAULT", "kill@1:12")
     cfg = tiny(tmp_path, checkpoint_every=5)
@@ -133,6 +140,7 @@ def test_killed_rank_restarted_gives_identical_parameters(tmp_path, monkeypatch)
     assert not os.path.exists(os.path.join(cfg.run_dir(), "checkpoints"))  # removed once complete
 
 
+@pytest.mark.slow
 def test_busy_default_port_does_not_break_a_run(tmp_path):
     with socket.socket() as s:  # hold torchrun's default port, as a concurrent run would
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -148,6 +156,7 @@ def test_busy_default_port_does_not_break_a_run(tmp_path):
     assert rec["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_address_in_use_is_relaunched(tmp_path, monkeypatch):
     real = launch.run_command
     calls = []

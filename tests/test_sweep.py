@@ -20,6 +20,7 @@ from runners.sweep import run_sweep
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_one_failing_member_of_three(tmp_path):
     # The middle run diverges (SGD with a huge learning rate): nan_policy='stop' fails it.
     configs = [tiny(tmp_path, steps=10, seed=1),
@@ -48,6 +49,7 @@ SWEEP_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_killed_sweep_resumes_only_what_is_missing(tmp_path, sig):
     script = SWEEP_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"), out=str(tmp_path))
@@ -89,6 +91,7 @@ def test_killed_sweep_resumes_only_what_is_missing(tmp_path, sig):
     assert steps.step.tolist() == list(range(400))
 
 
+@pytest.mark.slow
 def test_manifest_tolerates_truncated_line_and_concurrent_appends(tmp_path):
     path = str(tmp_path / "manifest.jsonl")
     results.append_manifest(path, {"run_key": "a", "status": "ok"})
