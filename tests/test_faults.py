@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kanlib import results
-from kanlib.config import ConfigError, RunConfig
+from kanlib.config import ConfigError
 from kanlib.faults import parse
 from runhelp import final_params, manifest_rows, max_abs_diff, no_process_left, reference_params, tiny  # noqa: F401
 from runners import launch

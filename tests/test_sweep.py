@@ -3,7 +3,6 @@ tolerant loading of damaged result files."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
