@@ -363,9 +363,9 @@ def _run_local(cfg: RunConfig, *, timeout_s, echo, max_restarts: int, port_retri
         status, why = "preempted", f"was preempted (SIGTERM; checkpoint saved, exit code {rc})"
     else:
         status, why = "failed", f"exited with code {rc}"
-    with open(log_path, errors="replace") as f:
+    with open(log_path, "rb") as f:
         f.seek(log_start)
-        attempt_log = f.read()
+        attempt_log = f.read().decode(errors="replace")
     err = error_line(attempt_log) or why
     # log_tail: this attempt's last LOG_TAIL_LINES lines (torchrun's failure report alone is ~30).
     log_tail = "".join(attempt_log.splitlines(keepends=True)[-LOG_TAIL_LINES:])
