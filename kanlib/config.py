@@ -105,6 +105,16 @@ class RunConfig:
     """Root output folder; the run writes to ``out_dir/<study>/<run_key>/``."""
 
     def __post_init__(self) -> None:
+        # Coerce numbers to the declared types, so RunConfig(lr=1) and the CLI's --lr=1.0 are the
+        # same config (the same run_key) and a bool given as a string is refused.
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type in ("float", float) and isinstance(v, int) and not isinstance(v, bool):
+                setattr(self, f.name, float(v))
+            elif f.type in ("int", int) and isinstance(v, float) and v.is_integer():
+                setattr(self, f.name, int(v))
+            elif f.type in ("bool", bool) and not isinstance(v, bool):
+                raise ConfigError(f"{f.name}: must be true or false, got {v!r}")
         self.widths = tuple(int(w) for w in self.widths)
         self.grid_range = tuple(float(v) for v in self.grid_range)
         _choice(self, "model", MODELS)

@@ -24,8 +24,10 @@ SCHEMA_VERSION = 1
 RECORD_NAME = "record.json"
 STEPS_NAME = "steps.csv"
 CONFIG_NAME = "config.json"
+MANIFEST_NAME = "manifest.jsonl"
 STEP_COLUMNS = ["step", "measured", "step_time_s", "forward_s", "backward_s", "optimizer_s",
-                "comm_total_s", "loss"]
+                "comm_total_s", "loss", "attempt"]
+MANIFEST_STATUSES = ("ok", "failed", "timeout", "preempted")
 ENV_PREFIXES = ("NCCL_", "TORCH_", "GLOO_", "OMP_", "MASTER_", "KANLIB_")
 
 
@@ -183,8 +185,141 @@ def load_records(root: str, study: str | None = None, strict: bool = False) -> p
 
 
 def load_steps(run_dir: str) -> pd.DataFrame:
-    """The per-step rows of one run (long format)."""
-    return pd.read_csv(os.path.join(run_dir, STEPS_NAME))
+    """The per-step rows of one run (long format).
+
+    A last line cut short by a crash is dropped and named in ``df.attrs['bad']`` as
+    ``(file, line, reason)``; so is any other row that cannot be read.
+    """
+    path = os.path.join(run_dir, STEPS_NAME)
+    rows, bad = _read_steps_rows(path)
+    df = pd.DataFrame(rows, columns=STEP_COLUMNS)
+    for c in STEP_COLUMNS:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    df = df.astype({"step": "int64", "measured": "int64"})
+    df["attempt"] = df["attempt"].fillna(0).astype("int64")
+    df.attrs["bad"] = bad
+    if bad:
+        warnings.warn(f"{path}: skipped {len(bad)} unreadable row(s): "
+                      + "; ".join(f"line {ln}: {r}" for _, ln, r in bad), stacklevel=2)
+    return df
+
+
+def _read_steps_rows(path: str) -> tuple[list[dict], list[tuple]]:
+    """Rows of a steps.csv as dicts of strings; unreadable rows go to ``bad``."""
+    with open(path, newline="") as f:
+        text = f.read()
+    lines = text.split("\n")
+    complete_last = text.endswith("\n")
+    if complete_last:
+        lines = lines[:-1]
+    if not lines or not lines[0]:
+        return [], []
+    header = lines[0].rstrip("\r").split(",")
+    rows, bad = [], []
+    for i, line in enumerate(lines[1:], start=2):
+        line = line.rstrip("\r")
+        if not line:
+            continue
+        vals = line.split(",")
+        last = i == len(lines) and not complete_last
+        if len(vals) != len(header) or last:
+            bad.append((path, i, "truncated row" if last else f"{len(vals)} fields, expected {len(header)}"))
+            continue
+        try:
+            int(vals[header.index("step")])
+        except ValueError:
+            bad.append((path, i, "step is not an integer"))
+            continue
+        rows.append(dict(zip(header, vals)))
+    return rows, bad
+
+
+def truncate_steps(path: str, before_step: int) -> None:
+    """Rewrite ``steps.csv`` (atomically) keeping only rows of steps before ``before_step``.
+
+    Used when a run resumes from the checkpoint of ``before_step``: rows of steps the failed
+    attempt ran past its checkpoint are redone, so they are dropped, as is a truncated line.
+    """
+    if not os.path.exists(path):
+        return
+    rows, _ = _read_steps_rows(path)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=STEP_COLUMNS)
+        w.writeheader()
+        for r in rows:
+            if int(r["step"]) < before_step:
+                w.writerow({k: r.get(k, 0 if k == "attempt" else "") for k in STEP_COLUMNS})
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# -- manifest: one row per attempt of a run, appended by the runner --------------------------
+def manifest_path(out_dir: str, study: str) -> str:
+    """``out_dir/<study>/manifest.jsonl``."""
+    return os.path.join(out_dir, study, MANIFEST_NAME)
+
+
+def append_manifest(path: str, row: dict) -> None:
+    """Append ``row`` as one JSON line with a single ``O_APPEND`` write.
+
+    Concurrent appenders do not interleave (one ``write`` of a line to a local file in append
+    mode lands whole). When the file ends in a line cut short by a crash, a newline is written
+    first so the new row starts on its own line (the cut line stays unreadable and is skipped
+    by :func:`load_manifest`).
+    """
+    if row.get("status") not in MANIFEST_STATUSES:
+        raise ValueError(f"status: unknown value {row.get('status')!r}; choose one of {', '.join(MANIFEST_STATUSES)}")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    line = json.dumps(row, sort_keys=True, default=_json_default) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size:
+            with open(path, "rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    line = "\n" + line
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_manifest(path: str) -> pd.DataFrame:
+    """Rows of a manifest (or of ``<dir>/manifest.jsonl``) as a DataFrame, in the order written.
+
+    Lines that are not JSON objects (a last line cut short, garbage) are skipped and named in
+    ``df.attrs['bad']`` as ``(file, line, reason)``. A missing file gives an empty frame.
+    """
+    if os.path.isdir(path):
+        path = os.path.join(path, MANIFEST_NAME)
+    rows, bad = [], []
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            for i, raw in enumerate(f.read().split(b"\n"), start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    obj = json.loads(raw)
+                    if not isinstance(obj, dict) or "run_key" not in obj or "status" not in obj:
+                        raise ValueError("not a manifest row (no run_key or status)")
+                except ValueError as e:
+                    bad.append((path, i, getattr(e, "msg", None) or str(e)))
+                    continue
+                rows.append(obj)
+    if bad:
+        warnings.warn(f"{path}: skipped {len(bad)} unreadable line(s): "
+                      + "; ".join(f"line {ln}: {r}" for _, ln, r in bad), stacklevel=2)
+    df = pd.DataFrame(rows, columns=None if rows else ["run_key", "status"])
+    df.attrs["bad"] = bad
+    return df
+
+
+def last_status(manifest: pd.DataFrame) -> dict[str, str]:
+    """run_key -> status of its most recent attempt."""
+    return {k: s for k, s in zip(manifest.get("run_key", []), manifest.get("status", []))}
 
 
 def _flatten(rec: dict) -> dict:

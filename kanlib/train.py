@@ -4,12 +4,23 @@ Entry point for torchrun: ``python -m kanlib.train --key=value ...`` (a single p
 RANK is unset). Rank 0 writes the run's folder ``out_dir/<study>/<run_key>/``: ``config.json``
 first, ``steps.csv`` (one row per step, flushed as it comes), ``model.pt`` (final state_dict)
 and last ``record.json`` (atomically; its presence marks the run complete).
+
+Faults (docs/faults.md): every ``checkpoint_every`` steps rank 0 commits a checkpoint
+(kanlib.checkpoint) and a restarted or rerun run resumes from the last one; ``steps.csv`` then
+keeps the rows before the checkpoint and continues, each row tagged with its ``attempt``
+(torchrun's restart count). The record's timing comes from the steps run in the final attempt
+only, its warm-up skipped again after a resume (``resumed_from_step``, ``n_measured_steps``).
+Each step, outside the timed region, all ranks agree on a non-finite loss anywhere and on a
+stop request (SIGTERM): ``nan_policy='skip'`` skips the update on every rank, ``'stop'``
+raises :class:`NonFiniteLoss` on every rank; SIGTERM checkpoints and stops every rank at the
+same step. ``KANLIB_FAULT`` (kanlib.faults) injects faults for tests.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 
@@ -18,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from kanlib import results
+from kanlib import checkpoint, faults, results
 from kanlib.config import RunConfig
 from kanlib.data import make_dataset
 from kanlib.distributed import DistInfo, setup, synchronize, teardown
@@ -28,6 +39,7 @@ from kanlib.model import build_model, count_params
 
 # Per-step quantities gathered from every rank at the end (column order of the gathered tensor).
 _PHASES = ("step_time_s", "forward_s", "backward_s", "optimizer_s", "comm_total_s", "loss")
+PREEMPTED_NAME = "preempted.json"
 
 
 def wrap_ddp(model: torch.nn.Module, cfg: RunConfig, info: DistInfo):
@@ -71,37 +83,177 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device, c
 
 
 def train(cfg: RunConfig) -> dict | None:
-    """Run one training run; rank 0 returns the record (other ranks return None)."""
+    """Run one training run; rank 0 returns the record (other ranks, and a preempted run, None).
+
+    Resumes from the run folder's last committed checkpoint when there is one (see
+    kanlib.checkpoint). SIGTERM (preemption) makes every rank stop at the next step boundary,
+    together, after a checkpoint; rank 0 then writes ``preempted.json`` in the run folder.
+    """
     info = setup(cfg)
+    stop = _StopRequest()
     try:
-        return _train(cfg, info)
+        return _train(cfg, info, stop)
     finally:
+        stop.restore()
         teardown(info)
 
 
-def _train(cfg: RunConfig, info: DistInfo) -> dict | None:
+class NonFiniteLoss(RuntimeError):
+    """A loss was NaN or infinite on some rank and ``nan_policy='stop'``; raised on every rank."""
+
+
+class _StopRequest:
+    """Turns SIGTERM into a request to stop at the next step boundary (checked by every rank)."""
+
+    def __init__(self):
+        self.requested = False
+        try:
+            self._prev = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread: leave signals alone
+            self._prev = None
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        if self._prev is not None:
+            signal.signal(signal.SIGTERM, self._prev)
+
+
+def _prepare_run_dir(cfg: RunConfig, run_dir: str) -> int | None:
+    """Rank 0, before anything else: write config.json, decide fresh start or resume, tidy up.
+
+    A folder with a record is a completed run being rerun: it starts afresh. Otherwise the
+    last committed checkpoint (if any) is resumed; uncommitted checkpoint files are removed
+    and steps.csv keeps only the rows of steps before the checkpoint. Returns the step to
+    resume from, or None for a fresh start.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    results.atomic_write_json(os.path.join(run_dir, results.CONFIG_NAME), cfg.to_dict())
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(run_dir, PREEMPTED_NAME))
+    steps_path = os.path.join(run_dir, results.STEPS_NAME)
+    record_path = os.path.join(run_dir, results.RECORD_NAME)
+    if os.path.exists(record_path):
+        checkpoint.remove_all(run_dir)
+        os.remove(record_path)
+    checkpoint.clean_uncommitted(run_dir)
+    resume = checkpoint.latest_step(run_dir)
+    if resume is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(steps_path)
+    else:
+        results.truncate_steps(steps_path, resume)
+    return resume
+
+
+def _agree_flags(local_bad: bool, stop: bool, info: DistInfo) -> tuple[list[int], bool]:
+    """All ranks learn together which ranks saw a non-finite loss, and whether any must stop."""
+    flags = torch.zeros(info.world_size + 1, dtype=torch.float64)
+    flags[info.rank] = float(local_bad)
+    flags[-1] = float(stop)
+    flags = _all_reduce_cpu(flags, info)
+    bad = [r for r in range(info.world_size) if flags[r] > 0]
+    return bad, bool(flags[-1] > 0)
+
+
+def _all_reduce_cpu(t: torch.Tensor, info: DistInfo, op=None) -> torch.Tensor:
+    if info.distributed:
+        dev = info.device
+        tt = t.to(dev)
+        dist.all_reduce(tt, op=op or dist.ReduceOp.SUM)
+        return tt.cpu()
+    return t
+
+
+def _save_checkpoint(run_dir: str, step: int, model, optimizer, cfg: RunConfig, info: DistInfo,
+                     fault_list: list) -> str | None:
+    """Collective: gather every rank's RNG states; rank 0 writes the checkpoint of ``step``."""
+    rng = checkpoint.rng_state(info.device)
+    if info.distributed:
+        rngs = [None] * info.world_size
+        dist.all_gather_object(rngs, rng)
+    else:
+        rngs = [rng]
+    if not info.is_main:
+        return None
+    kill = None
+    if faults.due(fault_list, "ckptkill", info.rank, step):
+        def kill():
+            os.kill(os.getpid(), signal.SIGKILL)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rngs,
+             "run_key": cfg.run_key(), "world_size": info.world_size}
+    return checkpoint.save(run_dir, state, step, before_rename=kill)
+
+
+def _check_replicas_agree(model: torch.nn.Module, info: DistInfo) -> None:
+    """Raise on every rank if the replicas' parameters differ (compares float64 fingerprints:
+    sum, sum of squares and an index-weighted sum of all parameters, and finiteness)."""
+    if not info.distributed:
+        return
+    flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in model.parameters()])
+    idx = torch.arange(1, flat.numel() + 1, dtype=torch.float64)
+    finite = bool(torch.isfinite(flat).all())
+    flat = torch.nan_to_num(flat)
+    mine = torch.stack([flat.sum(), (flat * flat).sum(), (flat * idx).sum(),
+                        torch.tensor(float(finite), dtype=torch.float64)]).to(info.device)
+    everyone = [torch.zeros_like(mine) for _ in range(info.world_size)]
+    dist.all_gather(everyone, mine)
+    differ = [r for r, t in enumerate(everyone) if not torch.equal(t.cpu(), everyone[0].cpu())]
+    if differ:
+        raise RuntimeError(f"parameters differ across ranks after training: ranks {differ} disagree with rank 0")
+
+
+def _train(cfg: RunConfig, info: DistInfo, stop: _StopRequest) -> dict | None:
     started_at = results.now_iso()
     run_dir = cfg.run_dir()
+    fault_list = faults.active()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if info.is_main:
-        os.makedirs(run_dir, exist_ok=True)
-        results.atomic_write_json(os.path.join(run_dir, results.CONFIG_NAME), cfg.to_dict())
-        for stale in (results.RECORD_NAME, results.STEPS_NAME):  # a rerun of an incomplete run starts clean
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(run_dir, stale))
+        _prepare_run_dir(cfg, run_dir)
+    if info.distributed:
+        dist.barrier()  # rank 0 has tidied the folder before anyone reads a checkpoint
 
     torch.manual_seed(cfg.seed)  # identical initialisation on every rank (DDP also broadcasts)
     data = make_dataset(cfg)
     model = build_model(cfg).to(info.device)
     n_params = count_params(model)
+    ck = checkpoint.load_latest(run_dir)
+    if ck is not None:
+        if ck.get("run_key") != cfg.run_key() or ck.get("world_size") != info.world_size:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {ck['path']}: written by run {ck.get('run_key')} with world size "
+                f"{ck.get('world_size')}, not this run {cfg.run_key()} with world size {info.world_size}")
+        model.load_state_dict(ck["model"])
     module, comm_timer = wrap_ddp(model, cfg, info)
     optimizer, n_opt_states = make_optimizer(model, cfg)
+    start_step = 0
+    if ck is not None:
+        optimizer.load_state_dict(ck["optimizer"])
+        checkpoint.set_rng_state(ck["rng"][info.rank], info.device)
+        start_step = int(ck["step"])
+    # Every rank must resume from the same step, or the collectives would pair different steps.
+    span = _all_reduce_cpu(torch.tensor([start_step, -start_step], dtype=torch.float64), info,
+                           dist.ReduceOp.MAX if info.distributed else None)
+    if int(span[0]) != -int(span[1]):
+        raise checkpoint.CheckpointError(f"ranks resumed from different steps ({-int(span[1])}..{int(span[0])})")
+    if ck is not None and info.is_main:
+        print(f"kanlib: resumed from step {start_step} ({ck['path']}), attempt {attempt}", flush=True)
+    del ck
     autocast = torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
     writer = results.StepWriter(os.path.join(run_dir, results.STEPS_NAME)) if info.is_main else None
     reset_peak_memory(info.device)
 
-    per_step = torch.zeros(cfg.steps, len(_PHASES), dtype=torch.float64)
+    # Timing comes from the steps of this attempt only; after a resume the warm-up is skipped
+    # again (DDP rebuilds its buckets), unless that would leave no step measured.
+    measure_from = cfg.warmup_steps + (start_step if start_step else 0)
+    if measure_from >= cfg.steps:
+        measure_from = max(cfg.warmup_steps, start_step)
+    per_step = torch.zeros(cfg.steps - start_step, len(_PHASES), dtype=torch.float64)
+    n_skipped = 0
     clock = time.perf_counter
-    for step in range(cfg.steps):
+    for step in range(start_step, cfg.steps):
+        faults.at_step_start(fault_list, info.rank, step)
         x, y = data.shard(step, cfg.global_batch, info.rank, info.world_size)
         x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
         synchronize(info.device)
@@ -109,21 +261,44 @@ def _train(cfg: RunConfig, info: DistInfo) -> dict | None:
         with autocast:
             out = module(x)
         loss = F.mse_loss(out.float(), y)
+        if faults.due(fault_list, "nan", info.rank, step):
+            loss = loss * float("nan")
         synchronize(info.device)
         t1 = clock()
         loss.backward()
         synchronize(info.device)
         t2 = clock()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        # Not timed: every rank learns whether any loss was non-finite or any rank must stop.
+        bad, stop_now = _agree_flags(not bool(torch.isfinite(loss.detach()).item()), stop.requested, info)
+        t_resume = clock()
+        if bad:
+            if cfg.nan_policy == "stop":
+                raise NonFiniteLoss(f"non-finite loss at step {step} on rank(s) {bad}; nan_policy='stop' "
+                                    f"stops the run on every rank")
+            optimizer.zero_grad(set_to_none=True)  # 'skip': no update on any rank
+            n_skipped += 1
+        else:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         synchronize(info.device)
         t3 = clock()
         comm = comm_timer.step_total() if comm_timer is not None else float("nan")
-        row = (t3 - t0, t1 - t0, t2 - t1, t3 - t2, comm, loss.item())
-        per_step[step] = torch.tensor(row, dtype=torch.float64)
+        row = ((t2 - t0) + (t3 - t_resume), t1 - t0, t2 - t1, t3 - t_resume, comm, loss.item())
+        per_step[step - start_step] = torch.tensor(row, dtype=torch.float64)
         if writer is not None:
-            writer.write({"step": step, "measured": int(step >= cfg.warmup_steps),
+            writer.write({"step": step, "measured": int(step >= measure_from), "attempt": attempt,
                           **dict(zip(_PHASES, row))})
+        done = step + 1
+        if done < cfg.steps and (stop_now or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
+            path = _save_checkpoint(run_dir, done, model, optimizer, cfg, info, fault_list)
+            if stop_now:
+                if writer is not None:
+                    writer.close()
+                    results.atomic_write_json(os.path.join(run_dir, PREEMPTED_NAME),
+                                              {"step": done, "checkpoint": path, "at": results.now_iso(),
+                                               "attempt": attempt})
+                    print(f"kanlib: stopped by SIGTERM after step {done}; checkpoint {path}", flush=True)
+                return None
     if writer is not None:
         writer.close()
 
@@ -134,6 +309,8 @@ def _train(cfg: RunConfig, info: DistInfo) -> dict | None:
         stacked = torch.stack(gathered)  # (world, steps, phases)
         per_step = stacked.max(dim=0).values
         per_step[:, -1] = stacked[:, :, -1].mean(dim=0)
+    if cfg.comm_hook != "noop":  # without the network the replicas drift apart by design
+        _check_replicas_agree(model, info)
     peak_local, peak_kind = peak_memory_bytes(info.device)
     peak = torch.tensor([float(peak_local)], dtype=torch.float64)
     if info.distributed:
@@ -142,10 +319,12 @@ def _train(cfg: RunConfig, info: DistInfo) -> dict | None:
     if not info.is_main:
         return None
 
-    measured = per_step[cfg.warmup_steps:]
+    measured = per_step[measure_from - start_step:]
     step_stats = summarize(measured[:, 0].tolist())
     med = {name: summarize(measured[:, i].tolist())["median"] for i, name in enumerate(_PHASES)}
-    torch.save(model.state_dict(), os.path.join(run_dir, "model.pt"))
+    model_path = os.path.join(run_dir, "model.pt")
+    torch.save(model.state_dict(), model_path + ".tmp")
+    os.replace(model_path + ".tmp", model_path)
     record = {
         **results.provenance(),
         "run_id": results.new_run_id(),
@@ -175,14 +354,20 @@ def _train(cfg: RunConfig, info: DistInfo) -> dict | None:
         "final_train_loss": float(per_step[-1, -1]),
         "final_val_loss": val_loss,
         "status": "ok",
+        "resumed_from_step": start_step,
+        "attempt": attempt,
+        "n_skipped_steps": n_skipped,
     }
     results.atomic_write_json(os.path.join(run_dir, results.RECORD_NAME), record)
+    checkpoint.remove_all(run_dir)  # complete: model.pt holds the final parameters
     return record
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = RunConfig.from_cli(sys.argv[1:] if argv is None else argv)
     record = train(cfg)
+    if record is None and os.path.exists(os.path.join(cfg.run_dir(), PREEMPTED_NAME)):
+        return 0  # preempted: the checkpoint and preempted.json say where it stopped
     if record is not None:
         print(f"kanlib: world_size={record['world_size']} step_time_s={record['step_time_s']:.6f} "
               f"samples_per_s={record['samples_per_s']:.1f} final_val_loss={record['final_val_loss']:.6g} "

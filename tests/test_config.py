@@ -62,3 +62,12 @@ def test_every_field_is_documented():
     docs = field_docs()
     assert {f.name for f in fields(RunConfig)} == set(docs)
     assert all(len(d) > 10 for d in docs.values())
+
+
+def test_numbers_are_coerced_so_equal_configs_share_a_run_key():
+    a = RunConfig(pg_timeout_s=5, lr=1, bucket_cap_mb=25)
+    b = RunConfig.from_cli(a.to_cli())
+    assert isinstance(a.pg_timeout_s, float) and a == b and a.run_key() == b.run_key()
+    assert RunConfig(steps=30.0).steps == 30 and isinstance(RunConfig(steps=30.0).steps, int)
+    with pytest.raises(ConfigError, match="^static_graph: must be true or false"):
+        RunConfig(static_graph="yes")

@@ -1,0 +1,209 @@
+"""Faults of a distributed run, each a real two-process gloo run under torchrun (docs/faults.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+
+import pytest
+import torch
+
+from kanlib import results
+from kanlib.config import ConfigError
+from kanlib.faults import parse
+from runhelp import final_params, manifest_rows, max_abs_diff, no_process_left, reference_params, tiny  # noqa: F401
+from runners import launch
+from runners.launch import RunFailed, run
+
+
+
+def test_fault_spec_parsing():
+    assert [(f.mode, f.rank, f.step) for f in parse("kill@1:12, nan@0:3")] == [("kill", 1, 12), ("nan", 0, 3)]
+    assert parse("") == [] and parse(None) == []
+    with pytest.raises(ValueError, match="unknown mode 'explode'"):
+        parse("explode@0:1")
+    with pytest.raises(ValueError, match="expected mode@rank:step"):
+        parse("kill@1")
+
+
+@pytest.mark.slow
+def test_rank_raises(tmp_path, monkeypatch):
+    monkeypatch.setenv("KANLIB_FAULT", "raise@1:7")
+    cfg = tiny(tmp_path)
+    with pytest.raises(RunFailed) as e:
+        run(cfg, echo=False, timeout_s=120)
+    assert e.value.status == "failed" and e.value.returncode not in (0, None)
+    [row] = manifest_rows(cfg)
+    assert row["status"] == "failed" and row["run_key"] == cfg.run_key()
+    assert "InjectedFault" in row["error"] and "rank 1 at step 7" in row["error"]
+    assert not os.path.exists(os.path.join(cfg.run_dir(), results.RECORD_NAME))
+
+
+@pytest.mark.slow
+def test_rank_sigkilled(tmp_path, monkeypatch):
+    monkeypatch.setenv("KANLIB_FAULT", "kill@1:7")
+    cfg = tiny(tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed) as e:
+        run(cfg, echo=False, timeout_s=120)
+    assert e.value.status == "failed" and e.value.returncode not in (0, None)
+    assert time.monotonic() - t0 < 60
+    [row] = manifest_rows(cfg)
+    assert row["status"] == "failed" and row["exit_code"] not in (0, None)
+    assert row["error"] == "rank 1 was killed by SIGKILL"
+
+
+@pytest.mark.slow
+def test_hung_rank_fails_by_collective_timeout(tmp_path, monkeypatch):
+    monkeypatch.setenv("KANLIB_FAULT", "hang@1:7")
+    cfg = tiny(tmp_path, pg_timeout_s=5.0)
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed) as e:
+        run(cfg, echo=False, timeout_s=120)
+    assert time.monotonic() - t0 < 60, "the 5 s collective timeout did not end the run"
+    assert e.value.status == "failed"
+    [row] = manifest_rows(cfg)
+    assert row["status"] == "failed" and "Timed out" in row["error"]
+
+
+@pytest.mark.slow
+def test_run_deadline_records_timeout(tmp_path, monkeypatch):
+    monkeypatch.setenv("KANLIB_FAULT", "hang@1:7")
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "2")
+    cfg = tiny(tmp_path, pg_timeout_s=600.0)  # the collective would wait 10 minutes
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed) as e:
+        run(cfg, echo=False, timeout_s=10)
+    assert time.monotonic() - t0 < 45
+    assert e.value.status == "timeout" and e.value.returncode is None
+    [row] = manifest_rows(cfg)
+    assert row["status"] == "timeout" and row["exit_code"] is None and "deadline of 10 s" in row["error"]
+
+
+@pytest.mark.slow
+def test_nan_on_one_rank_skipped_on_all(tmp_path, monkeypatch):
+    monkeypatch.setenv("KANLIB_FAULT", "nan@1:6")
+    cfg = tiny(tmp_path, nan_policy="skip")
+    rec = run(cfg, echo=False, timeout_s=120)
+    # Every rank skipped the update (the run checks that all replicas hold equal parameters).
+    assert rec["n_skipped_steps"] == 1
+    params = final_params(cfg)
+    assert all(torch.isfinite(v).all() for v in params.values())
+    assert math.isfinite(rec["final_train_loss"])
+    assert [r["status"] for r in manifest_rows(cfg)] == ["ok"]
+
+
+@pytest.mark.slow
+def test_nan_on_one_rank_stops_all(tmp_path, monkeypatch):
+    monkeypatch.setenv("KANLIB_FAULT", "nan@1:6")
+    cfg = tiny(tmp_path, nan_policy="stop")
+    with pytest.raises(RunFailed) as e:
+        run(cfg, echo=False, timeout_s=120)
+    assert "NonFiniteLoss: non-finite loss at step 6 on rank(s) [1]" in e.value.error
+    log = open(os.path.join(cfg.run_dir(), "launch.log")).read()
+    for rank in (0, 1):  # both ranks stopped with the same clear error, not one rank alone
+        assert f"[rank{rank}]: NonFiniteLoss: non-finite loss at step 6 on rank(s) [1]" in log
+
+
+@pytest.mark.slow
+def test_sigterm_preempts_with_checkpoint_and_rerun_resumes(tmp_path, monkeypatch):
+    monkeypatch.setenv("KANLIB_FAULT", "term@0:7")  # SIGTERM to torchrun, as a scheduler does
+    cfg = tiny(tmp_path)
+    with pytest.raises(RunFailed) as e:
+        run(cfg, echo=False, timeout_s=120)
+    assert e.value.status == "preempted"
+    marker = json.load(open(os.path.join(cfg.run_dir(), "preempted.json")))
+    assert marker["step"] == 8  # both ranks stopped together after step 7
+    assert os.path.exists(marker["checkpoint"])
+    monkeypatch.delenv("KANLIB_FAULT")
+    rec = run(cfg, echo=False, timeout_s=120)
+    assert rec["resumed_from_step"] == 8
+    assert [r["status"] for r in manifest_rows(cfg)] == ["preempted", "ok"]
+    assert max_abs_diff(final_params(cfg), reference_params()) <= 1e-6
+    steps = results.load_steps(cfg.run_dir())
+    assert steps.step.tolist() == list(range(20))  # no duplicate rows after the resume
+
+
+@pytest.mark.slow
+def test_killed_rank_restarted_gives_identical_parameters(tmp_path, monkeypatch):
+    monkeypatch.setenv("KANLIB_FAULT", "kill@1:12")
+    cfg = tiny(tmp_path, checkpoint_every=5)
+    rec = run(cfg, echo=False, timeout_s=180, max_restarts=1)
+    assert rec["resumed_from_step"] == 10 and rec["attempt"] == 1
+    assert max_abs_diff(final_params(cfg), reference_params()) <= 1e-6
+    steps = results.load_steps(cfg.run_dir())
+    assert steps.step.tolist() == list(range(20))
+    assert steps.loc[steps.step < 10, "attempt"].eq(0).all() and steps.loc[steps.step >= 10, "attempt"].eq(1).all()
+    assert not os.path.exists(os.path.join(cfg.run_dir(), "checkpoints"))  # removed once complete
+
+
+@pytest.mark.slow
+def test_busy_default_port_does_not_break_a_run(tmp_path):
+    with socket.socket() as s:  # hold torchrun's default port, as a concurrent run would
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", 29500))
+        except OSError:
+            pass  # someone else holds it already: the point stands
+        else:
+            s.listen()
+        cmd = launch.torchrun_command(tiny(tmp_path))
+        assert "--rdzv-endpoint=127.0.0.1:0" in cmd and "--standalone" not in cmd
+        rec = run(tiny(tmp_path, steps=10), echo=False, timeout_s=120)
+    assert rec["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_address_in_use_is_relaunched(tmp_path, monkeypatch):
+    real = launch.run_command
+    calls = []
+
+    def flaky(cmd, env, log_path, **kw):
+        calls.append(cmd)
+        if len(calls) == 1:
+            return 1, "RuntimeError: The server socket has failed to listen on any local network address. " \
+                      "port: 29500, useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use\n"
+        return real(cmd, env, log_path, **kw)
+
+    monkeypatch.setattr(launch, "run_command", flaky)
+    cfg = tiny(tmp_path, steps=10)
+    assert run(cfg, echo=False, timeout_s=120)["status"] == "ok"
+    assert len(calls) == 2 and [r["status"] for r in manifest_rows(cfg)] == ["ok"]
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"global_batch": 33}, "global_batch"),
+    ({"nproc_per_node": 0}, "nproc_per_node"),
+    ({"steps": 0}, "steps"),
+    ({"n_train": -1}, "n_train"),
+    ({"widths": (2, 0, 1)}, "widths"),
+    ({"backend": "mpi"}, "backend"),
+    ({"model": "transformer"}, "model"),
+    ({"nan_policy": "ignore"}, "nan_policy"),
+    ({"pg_timeout_s": 0.0}, "pg_timeout_s"),
+    ({"checkpoint_every": -1}, "checkpoint_every"),
+])
+def test_invalid_config_names_the_field(tmp_path, changes, field):
+    with pytest.raises(ConfigError, match=f"^{field}: "):
+        tiny(tmp_path, **changes)
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"backend": "nccl", "device": "auto"}, "backend"),
+    ({"device": "cuda"}, "device"),
+    ({"nproc_per_node": 64, "global_batch": 64}, "nproc_per_node"),
+])
+def test_machine_cannot_run_config_refused_before_launch(tmp_path, changes, field, monkeypatch):
+    if torch.cuda.is_available() and field != "nproc_per_node":
+        pytest.skip("this machine has a GPU")
+    started = []
+    monkeypatch.setattr(launch, "run_command", lambda *a, **k: started.append(a) or (0, ""))
+    cfg = tiny(tmp_path, **changes)
+    with pytest.raises(ConfigError, match=f"^{field}: "):
+        run(cfg, echo=False)
+    assert not started and not os.path.exists(cfg.run_dir())
+    [row] = manifest_rows(cfg)
+    assert row["status"] == "failed" and row["error"].startswith(f"ConfigError: {field}: ")
