@@ -8,7 +8,117 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kanlib.bspline import bspline_basis, make_grid
+from kanlib.bspline import (bspline_basis, grid_uniform_params, local_bspline_poly, make_grid,
+                            uniform_bspline_tables)
+
+KAN_IMPLS = ("reference", "fast")
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """float32 for half-precision inputs (bases are always computed in float32), else x's dtype."""
+    return torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The active autocast dtype on ``device_type``, or ``None`` when autocast is off."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def _fused_weight(base_weight: torch.Tensor, spline_weight: torch.Tensor,
+                  spline_scaler: torch.Tensor | None) -> torch.Tensor:
+    """``(out, in * (1 + coeff))``: per input, the base weight then the scaled spline coefficients.
+
+    Matches the column layout of :func:`_fast_features`, so one GEMM gives base + spline.
+    """
+    n_out, n_in, n_coeff = spline_weight.shape
+    w = spline_weight.new_empty(n_out, n_in, 1 + n_coeff)
+    w[..., 0] = base_weight
+    if spline_scaler is None:
+        w[..., 1:] = spline_weight
+    else:
+        torch.mul(spline_weight, spline_scaler.unsqueeze(-1), out=w[..., 1:])
+    return w.view(n_out, -1)
+
+
+def _fast_features(x, shift, inv_h, cols, poly, with_grad: bool):
+    """Features ``[silu(x_i), B_0(x_i) .. B_{C-1}(x_i)]`` per input from the k + 1 nonzero bases.
+
+    x: ``(batch, in)``; shift, inv_h: ``(in,)`` with ``u = x * inv_h + shift`` the position in knot
+    intervals from the first knot; cols: ``(G + 2k + 2, k + 1)`` from
+    :func:`kanlib.bspline.uniform_bspline_tables`; poly: ``(k + 1, 2k + 2)`` from
+    :func:`kanlib.bspline.local_bspline_poly`. Returns ``(feats, col, dvals)``: feats
+    ``(batch, in, 1 + C)``; col ``(batch, in, k + 1)`` the column of each nonzero basis (0 for
+    bases that do not exist); dvals ``(batch, in, k + 1)`` their d/du (only when ``with_grad``).
+    """
+    batch, n_in = x.shape
+    k1 = poly.shape[0]
+    n_coeff = cols.shape[0] - k1 - 1  # rows = G + 2k + 2 and C = G + k
+    u = torch.addcmul(shift, x, inv_h)  # (batch, in)
+    m = torch.floor(u)
+    t = u - m  # fractional position in [0, 1)
+    mi = (m + 1).clamp_(0, cols.shape[0] - 1).to(torch.int64).view(-1)  # (batch * in,) interval index
+    col = cols.index_select(0, mi).view(batch, n_in, k1)  # (batch, in, k + 1)
+    powers = [torch.ones_like(t), t]
+    for _ in range(2, k1):
+        powers.append(powers[-1] * t)
+    pw = torch.stack(powers[:k1], 0).view(k1, -1)  # (k + 1, batch * in), contiguous rows
+    vd = pw.t() @ (poly if with_grad else poly[:, :k1])  # (batch * in, k + 1 [+ k + 1])
+    vd = vd.view(batch, n_in, -1)
+    feats = x.new_zeros(batch, n_in, 1 + n_coeff)
+    feats.scatter_(-1, col, vd[..., :k1])  # missing bases land in column 0 ...
+    feats[..., 0] = F.silu(x)  # ... which silu(x) overwrites
+    return feats, col, (vd[..., k1:] if with_grad else None)
+
+
+class _FastKANFunction(torch.autograd.Function):
+    """Fused exact KAN layer on a uniform grid; saves only x and the parameters for backward.
+
+    forward: ``y = [silu(x), B(x)] @ [W_base, W_spline * scale]^T`` as one GEMM. backward
+    recomputes the features (cheap: k + 1 nonzeros per input) instead of keeping the
+    ``(batch, in, coeff)`` basis alive between forward and backward.
+    """
+
+    @staticmethod
+    def forward(ctx, x, base_weight, spline_weight, spline_scaler, shift, inv_h, cols, poly, gemm_dtype):
+        feats, _, _ = _fast_features(x, shift, inv_h, cols, poly, with_grad=False)  # (batch, in, 1 + C)
+        w = _fused_weight(base_weight, spline_weight, spline_scaler)  # (out, in * (1 + C))
+        y = feats.view(x.shape[0], -1).to(gemm_dtype) @ w.to(gemm_dtype).t()  # (batch, out)
+        ctx.save_for_backward(x, base_weight, spline_weight, spline_scaler, shift, inv_h, cols, poly)
+        ctx.gemm_dtype = gemm_dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, base_weight, spline_weight, spline_scaler, shift, inv_h, cols, poly = ctx.saved_tensors
+        gdt = ctx.gemm_dtype
+        n_out, n_in, n_coeff = spline_weight.shape
+        grad_y = grad_y.to(gdt)  # (batch, out)
+        need_x = ctx.needs_input_grad[0]
+        feats, col, dvals = _fast_features(x, shift, inv_h, cols, poly, with_grad=need_x)
+        grad_x = grad_base = grad_spline = grad_scaler = None
+        if need_x:
+            w = _fused_weight(base_weight, spline_weight, spline_scaler).to(gdt)
+            gf = (grad_y @ w).to(x.dtype).view(-1, n_in, 1 + n_coeff)  # (batch, in, 1 + C)
+            grad_x = torch.ops.aten.silu_backward(gf[..., 0], x)  # (batch, in)
+            gf[..., 0] = 0  # bases that do not exist point at column 0: they must gather 0
+            g_u = (torch.gather(gf, -1, col) * dvals).sum(-1)  # (batch, in): d loss / du
+            grad_x = torch.addcmul(grad_x, g_u, inv_h)  # du/dx = inv_h
+        if any(ctx.needs_input_grad[1:4]):
+            gw = (grad_y.t() @ feats.view(x.shape[0], -1).to(gdt)).to(spline_weight.dtype)  # (out, in*(1+C))
+            gw = gw.view(n_out, n_in, 1 + n_coeff)
+            grad_base = gw[..., 0]
+            g_scaled = gw[..., 1:]  # (out, in, C): gradient of the scaled coefficients
+            if spline_scaler is None:
+                grad_spline = g_scaled
+            else:
+                if ctx.needs_input_grad[2]:
+                    grad_spline = g_scaled * spline_scaler.unsqueeze(-1)
+                if ctx.needs_input_grad[3]:
+                    grad_scaler = (g_scaled * spline_weight).sum(-1)
+        return grad_x, grad_base, grad_spline, grad_scaler, None, None, None, None, None
 
 
 class KANLinear(nn.Module):
@@ -19,23 +129,48 @@ class KANLinear(nn.Module):
     intervals on ``grid_range``, extended by ``spline_order`` knots on each side. The grid is a
     registered buffer (DDP broadcasts it, ``state_dict`` saves it).
 
+    ``impl="reference"`` evaluates the basis by the Cox-de Boor recursion over all knots and
+    runs two GEMMs. ``impl="fast"`` computes the same function exactly with the closed form of
+    uniform B-splines (k + 1 nonzero bases per input), one fused GEMM over
+    ``[silu(x), basis]`` and a custom autograd function that recomputes the basis in backward.
+    The closed form needs a uniform grid per input (the initial grid, or one refit by
+    :meth:`update_grid` with ``grid_eps=1``); on a non-uniform grid the fast path falls back to
+    the reference. Under bf16/fp16 autocast the basis is computed in float32 and only the
+    GEMMs run in the autocast dtype.
+
     x: ``(batch, in_features)`` -> ``(batch, out_features)``.
     """
 
     def __init__(self, in_features: int, out_features: int, grid_size: int = 5,
                  spline_order: int = 3, grid_range: tuple[float, float] = (-1.0, 1.0),
                  scale_noise: float = 0.1, scale_base: float = 1.0, scale_spline: float = 1.0,
-                 standalone_scale_spline: bool = True):
+                 standalone_scale_spline: bool = True, impl: str = "reference", grid_eps: float = 0.02):
         super().__init__()
         if in_features <= 0 or out_features <= 0:
             raise ValueError(f"in_features and out_features must be positive, got {in_features}, {out_features}")
         if grid_size <= 0 or spline_order <= 0:
             raise ValueError(f"grid_size and spline_order must be positive, got {grid_size}, {spline_order}")
+        if impl not in KAN_IMPLS:
+            raise ValueError(f"impl: unknown value {impl!r}; choose one of {', '.join(KAN_IMPLS)}")
+        if not 0.0 <= grid_eps <= 1.0:
+            raise ValueError(f"grid_eps must be in [0, 1], got {grid_eps}")
         self.in_features = in_features
         self.out_features = out_features
         self.grid_size = grid_size
         self.spline_order = spline_order
+        self.impl = impl
+        self.grid_eps = grid_eps
         self.register_buffer("grid", make_grid(in_features, grid_size, spline_order, grid_range))
+        # Closed-form parameters of a uniform grid; derived from ``grid`` by refresh_grid().
+        # u = x * inv_h + shift is the position of x in knot intervals from the first knot.
+        self.register_buffer("shift", torch.zeros(in_features), persistent=False)
+        self.register_buffer("inv_h", torch.ones(in_features), persistent=False)
+        cols, _ = uniform_bspline_tables(grid_size, spline_order)
+        self.register_buffer("_cols", cols, persistent=False)  # (G + 2k + 2, k + 1) int64
+        self.register_buffer("_poly", local_bspline_poly(spline_order).float(), persistent=False)
+        self.grid_is_uniform = False
+        self.refresh_grid()
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.refresh_grid())
         n_coeff = grid_size + spline_order
         self.base_weight = nn.Parameter(torch.empty(out_features, in_features))
         self.spline_weight = nn.Parameter(torch.empty(out_features, in_features, n_coeff))
@@ -59,23 +194,115 @@ class KANLinear(nn.Module):
             return self.spline_weight
         return self.spline_weight * self.spline_scaler.unsqueeze(-1)
 
+    @torch.no_grad()
+    def refresh_grid(self) -> None:
+        """Recompute the uniform-grid flag and closed-form parameters from ``self.grid``.
+
+        Called by ``__init__``, :meth:`update_grid` and ``load_state_dict``; call it yourself
+        after writing to ``self.grid`` in any other way.
+        """
+        params = grid_uniform_params(self.grid)
+        self.grid_is_uniform = params is not None
+        self._poly.copy_(local_bspline_poly(self.spline_order))  # from float64, into the buffer's dtype
+        if params is not None:
+            knot0, inv_h = params  # float64
+            self.shift.copy_(-knot0 * inv_h)
+            self.inv_h.copy_(inv_h)
+
+    def _apply(self, fn, recurse=True):
+        # .to(dtype/device) casts the cached closed-form buffers too; recompute them from the grid
+        # so a float64 layer gets float64-accurate knot positions.
+        out = super()._apply(fn, recurse)
+        self.refresh_grid()
+        return out
+
     def basis(self, x: torch.Tensor) -> torch.Tensor:
-        """x: ``(batch, in)`` -> ``(batch, in, grid_size + spline_order)``."""
-        return bspline_basis(x, self.grid, self.spline_order)
+        """x: ``(batch, in)`` -> ``(batch, in, grid_size + spline_order)``, in float32 for half inputs."""
+        return bspline_basis(x.to(_compute_dtype(x)), self.grid, self.spline_order)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected (..., {self.in_features}) input, got {tuple(x.shape)}")
         lead = x.shape[:-1]
-        x = x.reshape(-1, self.in_features)
+        x = x.reshape(-1, self.in_features).to(_compute_dtype(x))  # bases in >= float32
+        if self.impl == "fast" and self.grid_is_uniform:
+            y = self._forward_fast(x)
+        else:
+            y = self._forward_reference(x)
+        return y.reshape(*lead, self.out_features)
+
+    def _forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``(batch, in)`` -> ``(batch, out)``; the readable two-GEMM form."""
         base = F.linear(F.silu(x), self.base_weight)  # (batch, out)
         spline = F.linear(self.basis(x).flatten(1),  # (batch, in * coeff)
                           self.scaled_spline_weight.flatten(1))  # (batch, out)
-        return (base + spline).reshape(*lead, self.out_features)
+        return base + spline
+
+    def _forward_fast(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``(batch, in)`` -> ``(batch, out)``; closed-form basis, one fused GEMM."""
+        gemm_dtype = _autocast_dtype(x.device.type) or x.dtype
+        w_dtype = x.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            return _FastKANFunction.apply(
+                x, self.base_weight.to(w_dtype), self.spline_weight.to(w_dtype),
+                None if self.spline_scaler is None else self.spline_scaler.to(w_dtype),
+                self.shift.to(x.dtype), self.inv_h.to(x.dtype), self._cols, self._poly.to(x.dtype),
+                gemm_dtype)
+
+    @torch.no_grad()
+    def update_grid(self, x: torch.Tensor, margin: float = 0.01) -> None:
+        """Refit the knots to the inputs ``x`` and the coefficients so the layer function is kept.
+
+        x: ``(batch, in)``. The new interior knots are ``grid_eps * uniform + (1 - grid_eps) *
+        quantiles`` of each input's samples, the uniform grid spanning
+        ``[min - margin, max + margin]``, extended by ``spline_order`` knots of the uniform step on
+        each side (efficient-kan's rule). The scaled spline coefficients are then the least-squares
+        fit (in float64) of the old spline outputs on ``x`` in the new basis; dividing by the
+        per-edge scale gives ``spline_weight`` (edges whose scale is exactly 0 get 0). The base
+        branch is untouched. Deterministic: the same ``x`` gives bitwise the same result.
+        """
+        if x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"update_grid expects (batch, {self.in_features}) inputs, got {tuple(x.shape)}")
+        if x.shape[0] < 2:
+            raise ValueError(f"update_grid needs at least 2 samples, got {x.shape[0]}")
+        if margin < 0:
+            raise ValueError(f"margin must be >= 0, got {margin}")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("update_grid got non-finite inputs")
+        k, n = self.spline_order, self.grid_size
+        xd = x.to(torch.float64)
+        grid_old = self.grid.to(torch.float64)
+        coeff = self.scaled_spline_weight.to(torch.float64).permute(1, 2, 0)  # (in, C, out)
+        target = bspline_basis(xd, grid_old, k).permute(1, 0, 2) @ coeff  # (in, batch, out)
+
+        xs = torch.sort(xd, dim=0).values  # (batch, in)
+        q = torch.linspace(0, x.shape[0] - 1, n + 1, device=x.device).round().to(torch.int64)
+        adaptive = xs[q]  # (G + 1, in)
+        step = (xs[-1] - xs[0] + 2 * margin) / n  # (in,)
+        if not bool((step > 0).all()):
+            raise ValueError("update_grid: an input is constant over x and margin is 0; use margin > 0")
+        ar = torch.arange(n + 1, dtype=torch.float64, device=x.device).unsqueeze(1)
+        uniform = ar * step + (xs[0] - margin)  # (G + 1, in)
+        interior = self.grid_eps * uniform + (1 - self.grid_eps) * adaptive
+        left = interior[:1] - step * torch.arange(k, 0, -1, dtype=torch.float64, device=x.device).unsqueeze(1)
+        right = interior[-1:] + step * torch.arange(1, k + 1, dtype=torch.float64, device=x.device).unsqueeze(1)
+        grid_new = torch.cat([left, interior, right], dim=0).t().contiguous()  # (in, G + 2k + 1)
+        self.grid.copy_(grid_new.to(self.grid.dtype))
+
+        A = bspline_basis(xd, self.grid.to(torch.float64), k).permute(1, 0, 2)  # (in, batch, C)
+        sol = torch.linalg.lstsq(A.cpu(), target.cpu()).solution.to(x.device)  # (in, C, out)
+        scaled = sol.permute(2, 0, 1)  # (out, in, C)
+        if self.spline_scaler is None:
+            new_w = scaled
+        else:
+            s = self.spline_scaler.to(torch.float64).unsqueeze(-1)
+            new_w = torch.where(s != 0, scaled / torch.where(s != 0, s, 1.0), 0.0)
+        self.spline_weight.copy_(new_w.to(self.spline_weight.dtype))
+        self.refresh_grid()
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"grid_size={self.grid_size}, spline_order={self.spline_order}")
+                f"grid_size={self.grid_size}, spline_order={self.spline_order}, impl={self.impl!r}")
 
 
 class KAN(nn.Module):
@@ -96,6 +323,13 @@ class KAN(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return x
+
+    @torch.no_grad()
+    def update_grid(self, x: torch.Tensor, margin: float = 0.01) -> None:
+        """Refit every layer's grid to the inputs it sees for ``x: (batch, in)``, layer by layer."""
+        for layer in self.layers:
+            layer.update_grid(x, margin)
+            x = layer(x)
 
 
 class MLP(nn.Module):
@@ -128,5 +362,5 @@ def build_model(cfg) -> nn.Module:
     if cfg.model == "mlp":
         return MLP(cfg.widths)
     if cfg.model == "kan":
-        return KAN(cfg.widths, cfg.grid_size, cfg.spline_order, cfg.grid_range)
+        return KAN(cfg.widths, cfg.grid_size, cfg.spline_order, cfg.grid_range, impl=cfg.kan_impl)
     raise ValueError(f"model: {cfg.model!r} is not built by this version")
