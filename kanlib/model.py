@@ -364,3 +364,50 @@ def build_model(cfg) -> nn.Module:
     if cfg.model == "kan":
         return KAN(cfg.widths, cfg.grid_size, cfg.spline_order, cfg.grid_range, impl=cfg.kan_impl)
     raise ValueError(f"model: {cfg.model!r} is not built by this version")
+
+
+def _gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's ``x: (n_rank, in)`` in rank order; row counts may differ by rank."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    n = torch.tensor([x.shape[0]], dtype=torch.int64, device=x.device)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n)
+    sizes = [int(s.item()) for s in sizes]
+    padded = x.new_zeros(max(sizes), *x.shape[1:])
+    padded[: x.shape[0]] = x
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded.contiguous())
+    return torch.cat([p[:s] for p, s in zip(parts, sizes)], dim=0)  # (sum n_rank, in)
+
+
+@torch.no_grad()
+def update_grid_distributed(model: nn.Module, x: torch.Tensor, margin: float = 0.01) -> None:
+    """Refit the spline grids of ``model`` to the inputs of all ranks; every rank ends identical.
+
+    model: a :class:`KAN` or :class:`KANLinear` (or a DDP wrapper of one: its ``.module`` is
+    used); x: ``(batch_rank, in)``, this rank's batch. With ``torch.distributed`` initialised
+    and more than one rank, the batches of all ranks are all-gathered (their sizes may
+    differ), every rank runs the same deterministic :meth:`KAN.update_grid` on the union, and
+    the refit grids and spline weights are then broadcast from rank 0 so the ranks hold
+    bitwise-equal parameters and buffers even if a kernel were not bitwise reproducible.
+    Without distributed (or with one rank) it is ``model.update_grid(x, margin)``.
+    Every rank must call it (collective). Call it inside or outside ``torch.no_grad``.
+    """
+    import torch.distributed as dist
+
+    module = getattr(model, "module", model)
+    if not hasattr(module, "update_grid"):
+        raise TypeError(f"update_grid_distributed needs a KAN or KANLinear, got {type(module).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be (batch, in), got {tuple(x.shape)}")
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    x_all = _gather_rows(x.detach()) if distributed else x.detach()
+    module.update_grid(x_all, margin)
+    if distributed:
+        layers = [m for m in module.modules() if isinstance(m, KANLinear)]
+        for layer in layers:
+            dist.broadcast(layer.grid, src=0)
+            dist.broadcast(layer.spline_weight.data, src=0)
+            layer.refresh_grid()
