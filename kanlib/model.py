@@ -332,6 +332,126 @@ class KAN(nn.Module):
             x = layer(x)
 
 
+class RBFKANLinear(nn.Module):
+    """FastKAN-style layer: Gaussian RBFs instead of B-splines, plus the SiLU base branch.
+
+    ``y = [silu(x), phi(x)] @ [W_base, W_rbf]^T + bias`` with
+    ``phi_j(x_i) = exp(-((x_i - c_j) / h)^2)``, ``num_centers`` centres ``c_j`` evenly spaced on
+    ``grid_range`` and ``h`` their spacing (FastKAN's choice). The base and RBF branches share
+    one GEMM. The RBFs are computed in float32 under autocast.
+
+    x: ``(batch, in_features)`` -> ``(batch, out_features)``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, num_centers: int = 8,
+                 grid_range: tuple[float, float] = (-1.0, 1.0), scale_noise: float = 0.1):
+        super().__init__()
+        if in_features <= 0 or out_features <= 0:
+            raise ValueError(f"in_features and out_features must be positive, got {in_features}, {out_features}")
+        if num_centers < 2:
+            raise ValueError(f"num_centers must be >= 2, got {num_centers}")
+        lo, hi = grid_range
+        if not lo < hi:
+            raise ValueError(f"grid_range needs low < high, got {grid_range}")
+        self.in_features, self.out_features, self.num_centers = in_features, out_features, num_centers
+        self.register_buffer("centers", torch.linspace(lo, hi, num_centers))  # (n,)
+        self.inv_width = (num_centers - 1) / (hi - lo)  # 1 / centre spacing
+        self.base_weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.rbf_weight = nn.Parameter(torch.empty(out_features, in_features, num_centers))
+        self.bias = nn.Parameter(torch.zeros(out_features))
+        nn.init.kaiming_uniform_(self.base_weight, a=math.sqrt(5))
+        with torch.no_grad():
+            self.rbf_weight.normal_(0.0, scale_noise)
+
+    def basis(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``(batch, in)`` -> ``(batch, in, num_centers)`` Gaussian bumps, float32 for half inputs."""
+        x = x.to(_compute_dtype(x))
+        return torch.exp(-((x.unsqueeze(-1) - self.centers.to(x.dtype)) * self.inv_width).square())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"expected (..., {self.in_features}) input, got {tuple(x.shape)}")
+        lead = x.shape[:-1]
+        x = x.reshape(-1, self.in_features).to(_compute_dtype(x))
+        feats = torch.cat([F.silu(x).unsqueeze(-1), self.basis(x)], dim=-1)  # (batch, in, 1 + n)
+        w = torch.cat([self.base_weight.unsqueeze(-1), self.rbf_weight], dim=-1)  # (out, in, 1 + n)
+        y = F.linear(feats.flatten(1), w.flatten(1), self.bias)  # (batch, out)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, num_centers={self.num_centers}"
+
+
+class ChebyKANLinear(nn.Module):
+    """ChebyKAN-style layer: Chebyshev polynomials of ``tanh(x)`` up to ``degree``.
+
+    ``y[o] = sum_i sum_{d=0..degree} c[o, i, d] T_d(tanh(x_i))``, ``T_d`` by the recurrence
+    ``T_{d+1} = 2 t T_d - T_{d-1}`` (no arccos, so gradients stay finite where tanh saturates).
+    ``T_0 = 1`` makes a separate bias unnecessary. Computed in float32 under autocast.
+
+    x: ``(batch, in_features)`` -> ``(batch, out_features)``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, degree: int = 7):
+        super().__init__()
+        if in_features <= 0 or out_features <= 0:
+            raise ValueError(f"in_features and out_features must be positive, got {in_features}, {out_features}")
+        if degree < 1:
+            raise ValueError(f"degree must be >= 1, got {degree}")
+        self.in_features, self.out_features, self.degree = in_features, out_features, degree
+        self.cheb_weight = nn.Parameter(torch.empty(out_features, in_features, degree + 1))
+        with torch.no_grad():
+            self.cheb_weight.normal_(0.0, 1.0 / (in_features * (degree + 1)))
+
+    def basis(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``(batch, in)`` -> ``(batch, in, degree + 1)``: ``T_0 .. T_degree`` at ``tanh(x)``."""
+        t = torch.tanh(x.to(_compute_dtype(x)))
+        polys = [torch.ones_like(t), t]
+        for _ in range(2, self.degree + 1):
+            polys.append(2 * t * polys[-1] - polys[-2])
+        return torch.stack(polys, dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"expected (..., {self.in_features}) input, got {tuple(x.shape)}")
+        lead = x.shape[:-1]
+        x = x.reshape(-1, self.in_features)
+        y = F.linear(self.basis(x).flatten(1), self.cheb_weight.flatten(1))  # (batch, out)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, degree={self.degree}"
+
+
+class _LayerStack(nn.Module):
+    def __init__(self, widths, make_layer):
+        super().__init__()
+        widths = list(widths)
+        if len(widths) < 2:
+            raise ValueError(f"widths needs at least 2 entries, got {widths}")
+        self.widths = widths
+        self.layers = nn.ModuleList(make_layer(a, b) for a, b in zip(widths, widths[1:]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class RBFKAN(_LayerStack):
+    """A stack of :class:`RBFKANLinear`. x: ``(batch, widths[0])`` -> ``(batch, widths[-1])``."""
+
+    def __init__(self, widths, num_centers: int = 8, grid_range: tuple[float, float] = (-1.0, 1.0)):
+        super().__init__(widths, lambda a, b: RBFKANLinear(a, b, num_centers, grid_range))
+
+
+class ChebyKAN(_LayerStack):
+    """A stack of :class:`ChebyKANLinear`. x: ``(batch, widths[0])`` -> ``(batch, widths[-1])``."""
+
+    def __init__(self, widths, degree: int = 7):
+        super().__init__(widths, lambda a, b: ChebyKANLinear(a, b, degree))
+
+
 class MLP(nn.Module):
     """Plain MLP baseline: Linear layers with SiLU between them. x: ``(batch, in)`` -> ``(batch, out)``."""
 
@@ -357,12 +477,63 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def _mlp_params(widths) -> int:
+    return sum(a * b + b for a, b in zip(widths, widths[1:]))
+
+
+def matched_mlp(kan_model_or_widths, grid_size: int = 5, spline_order: int = 3) -> MLP:
+    """An :class:`MLP` with the KAN's input/output widths whose parameter count is closest to the KAN's.
+
+    kan_model_or_widths: a model (any ``nn.Module`` with a ``widths`` attribute, e.g. :class:`KAN`,
+    :class:`RBFKAN`, :class:`ChebyKAN`; its trainable parameters are counted) or a list of widths
+    (then a B-spline :class:`KAN` with ``grid_size``/``spline_order`` is the target). Every hidden
+    width is scaled by the same factor ``s`` (rounded, at least 1); the ``s`` whose MLP has the
+    parameter count nearest to the target is returned.
+    """
+    if isinstance(kan_model_or_widths, nn.Module):
+        widths = list(getattr(kan_model_or_widths, "widths", []))
+        if len(widths) < 2:
+            raise ValueError("matched_mlp: the model has no `widths` attribute of at least 2 entries")
+        target = count_params(kan_model_or_widths)
+    else:
+        widths = [int(w) for w in kan_model_or_widths]
+        target = count_params(KAN(widths, grid_size, spline_order))
+    if len(widths) < 3:
+        raise ValueError(f"matched_mlp: widths {widths} have no hidden layer to scale")
+    hidden = widths[1:-1]
+    top = max(hidden)
+
+    def scaled(n_top: int) -> list[int]:
+        return [widths[0]] + [max(1, round(h * n_top / top)) for h in hidden] + [widths[-1]]
+
+    best, best_err, n_top = None, None, 1
+    while True:  # parameter count grows with n_top; stop once past the target
+        cand = scaled(n_top)
+        err = abs(_mlp_params(cand) - target)
+        if best_err is None or err < best_err:
+            best, best_err = cand, err
+        if _mlp_params(cand) > target:
+            break
+        n_top += 1
+    return MLP(best)
+
+
 def build_model(cfg) -> nn.Module:
-    """The model a :class:`kanlib.config.RunConfig` asks for."""
+    """The model a :class:`kanlib.config.RunConfig` asks for.
+
+    kan: B-spline :class:`KAN` with ``cfg.kan_impl``; kan_rbf: :class:`RBFKAN` with
+    ``grid_size + spline_order`` centres on ``grid_range``; kan_cheb: :class:`ChebyKAN` of degree
+    ``grid_size + spline_order - 1``. Both variants thus carry the B-spline KAN's number of
+    coefficients per edge.
+    """
     if cfg.model == "mlp":
         return MLP(cfg.widths)
     if cfg.model == "kan":
         return KAN(cfg.widths, cfg.grid_size, cfg.spline_order, cfg.grid_range, impl=cfg.kan_impl)
+    if cfg.model == "kan_rbf":
+        return RBFKAN(cfg.widths, cfg.grid_size + cfg.spline_order, cfg.grid_range)
+    if cfg.model == "kan_cheb":
+        return ChebyKAN(cfg.widths, cfg.grid_size + cfg.spline_order - 1)
     raise ValueError(f"model: {cfg.model!r} is not built by this version")
 
 
