@@ -188,3 +188,36 @@ def uniform_bspline_tables(grid_size: int, spline_order: int) -> tuple[torch.Ten
     j = m - torch.arange(k + 1)  # (G + 2k + 2, k + 1)
     keep = (j >= 0) & (j < n_coeff)
     return torch.where(keep, j + 1, 0), keep.to(torch.float64)
+
+
+def symmetric_bspline_pieces(spline_order: int) -> tuple[float, list[float], list[list[float]], list[list[float]]]:
+    """The cardinal B-spline written in the distance ``s = |v - (k + 1) / 2|`` from its centre.
+
+    The order-k cardinal B-spline ``N(v)`` (support ``[0, k + 1]``, ``B_j(x) = N(u - j)`` on a
+    uniform grid) is symmetric, so ``floor(k / 2) + 1`` polynomial pieces in ``s`` describe it.
+    Returns ``(half_width, bounds, vals, dvals)``: ``N = 0`` for ``s >= half_width = (k + 1) / 2``;
+    piece ``q`` holds for ``s < bounds[q]`` (the first such q); ``vals[q]`` are its power
+    coefficients in ``s`` and ``dvals[q]`` those of ``dN/ds`` (so ``dN/dv = sign(v - c) dN/ds``).
+    Solved in float64 from :func:`local_bspline` at sample points, like :func:`local_bspline_poly`.
+    """
+    k = spline_order
+    half = (k + 1) / 2
+    first = 0.5 if k % 2 == 0 else 1.0  # pieces change where v is an integer
+    bounds = [first + q for q in range(k // 2 + 1)]
+    bounds[-1] = half
+    lows = [0.0] + bounds[:-1]
+    vals, dvals = [], []
+    for lo, hi in zip(lows, bounds):
+        ss = lo + (hi - lo) * (torch.arange(k + 1, dtype=torch.float64) + 0.5) / (k + 1)  # (k + 1,)
+        v = half + ss  # right half of the support
+        r = torch.floor(v)
+        t = v - r
+        piece_vals, piece_d = local_bspline(t, k)  # (k + 1 points, k + 1 pieces); N(v) = P_{r'}(t)
+        # u - j = v lies in interval r of the support: that is local piece r' = r (B_{m-r'} with m - j = r).
+        idx = r.to(torch.int64).unsqueeze(1)
+        n_v = piece_vals.gather(1, idx).squeeze(1)
+        dn_v = piece_d.gather(1, idx).squeeze(1)
+        vand = torch.linalg.vander(ss, N=k + 1)
+        vals.append(torch.linalg.solve(vand, n_v).tolist())
+        dvals.append(torch.linalg.solve(vand, dn_v).tolist())
+    return half, bounds, vals, dvals

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kanlib.bspline import (bspline_basis, grid_uniform_params, local_bspline_poly, make_grid,
-                            uniform_bspline_tables)
+                            symmetric_bspline_pieces, uniform_bspline_tables)
 
 KAN_IMPLS = ("reference", "fast")
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -28,19 +29,55 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
 
 
 def _fused_weight(base_weight: torch.Tensor, spline_weight: torch.Tensor,
-                  spline_scaler: torch.Tensor | None) -> torch.Tensor:
-    """``(out, in * (1 + coeff))``: per input, the base weight then the scaled spline coefficients.
+                  spline_scaler: torch.Tensor | None, coeff_major: bool = False) -> torch.Tensor:
+    """``(out, in * (1 + coeff))``: the base weight and the scaled spline coefficients side by side.
 
-    Matches the column layout of :func:`_fast_features`, so one GEMM gives base + spline.
+    Column layout ``(in, 1 + coeff)`` (per input: base, then its coefficients), matching
+    :func:`_fast_features`; with ``coeff_major`` it is ``(1 + coeff, in)``, matching
+    :func:`_pointwise_features`. Either way one GEMM gives base + spline.
     """
     n_out, n_in, n_coeff = spline_weight.shape
-    w = spline_weight.new_empty(n_out, n_in, 1 + n_coeff)
-    w[..., 0] = base_weight
-    if spline_scaler is None:
-        w[..., 1:] = spline_weight
+    if coeff_major:
+        w = spline_weight.new_empty(n_out, 1 + n_coeff, n_in)
+        w[:, 0] = base_weight
+        dst = w[:, 1:].transpose(1, 2)  # (out, in, C) view
     else:
-        torch.mul(spline_weight, spline_scaler.unsqueeze(-1), out=w[..., 1:])
+        w = spline_weight.new_empty(n_out, n_in, 1 + n_coeff)
+        w[..., 0] = base_weight
+        dst = w[..., 1:]
+    if spline_scaler is None:
+        dst.copy_(spline_weight)
+    else:
+        torch.mul(spline_weight, spline_scaler.unsqueeze(-1), out=dst)
     return w.view(n_out, -1)
+
+
+def _horner(s: torch.Tensor, c) -> torch.Tensor:
+    """``sum_p c[p] s^p`` for Python-float coefficients ``c`` (constants under torch.compile)."""
+    if len(c) == 1:
+        return torch.full_like(s, c[0])
+    out = s * c[-1] + c[-2]
+    for q in range(len(c) - 3, -1, -1):
+        out = out * s + c[q]
+    return out
+
+
+def _symmetric_pieces(v: torch.Tensor, pieces, derivative: bool) -> torch.Tensor:
+    """The cardinal B-spline ``N(v)`` (or ``dN/dv``) elementwise; ``v = u - j`` for basis j.
+
+    No scatter, so torch.compile fuses it into one loop; the symmetric pieces in ``s = |v - c|``
+    (:func:`kanlib.bspline.symmetric_bspline_pieces`) halve the polynomial work.
+    """
+    half, bounds, vals, dvals = pieces
+    d = v - half
+    s = d.abs()
+    coeffs = dvals if derivative else vals
+    out = torch.zeros_like(s)
+    for q in reversed(range(len(bounds))):
+        out = torch.where(s < bounds[q], _horner(s, coeffs[q]), out)
+    if derivative:
+        out = torch.where(d < 0, -out, out)
+    return out
 
 
 def _fast_features(x, shift, inv_h, cols, poly, with_grad: bool):
@@ -73,52 +110,123 @@ def _fast_features(x, shift, inv_h, cols, poly, with_grad: bool):
     return feats, col, (vd[..., k1:] if with_grad else None)
 
 
+def _pointwise_features(x, shift, inv_h, n_coeff: int, pieces):
+    """``(batch, 1 + C, in)`` features ``[silu(x), B_0(x) .. B_{C-1}(x)]`` written pointwise (for compile).
+
+    Coefficient-major, so the innermost loop runs over the inputs and vectorises.
+    """
+    u = torch.addcmul(shift, x, inv_h).unsqueeze(1)  # (batch, 1, in)
+    v = u - torch.arange(n_coeff, device=x.device, dtype=x.dtype).unsqueeze(-1)  # (batch, C, in)
+    return torch.cat([F.silu(x).unsqueeze(1), _symmetric_pieces(v, pieces, False)], dim=1)
+
+
+def _pointwise_grad_x(gf, x, shift, inv_h, n_coeff: int, pieces):
+    """``(batch, in)`` d loss / dx from ``gf = d loss / d features: (batch, 1 + C, in)`` (for compile)."""
+    u = torch.addcmul(shift, x, inv_h).unsqueeze(1)
+    v = u - torch.arange(n_coeff, device=x.device, dtype=x.dtype).unsqueeze(-1)  # (batch, C, in)
+    g_u = (gf[:, 1:] * _symmetric_pieces(v, pieces, True)).sum(1)  # (batch, in): d loss / du
+    sig = torch.sigmoid(x)
+    return gf[:, 0] * (sig * (1 + x * (1 - sig))) + g_u * inv_h
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(fn):
+    """``torch.compile(fn)``, or ``None`` when torch.compile is unavailable or failed before."""
+    if fn not in _COMPILED:
+        try:
+            _COMPILED[fn] = torch.compile(fn, dynamic=False)
+        except Exception as e:  # e.g. a build of torch without dynamo
+            warnings.warn(f"torch.compile unavailable ({e}); the fast KAN path runs eagerly")
+            _COMPILED[fn] = None
+    return _COMPILED[fn]
+
+
+def _run_compiled(fn, *args):
+    """Run the compiled ``fn``; on a compile/runtime failure disable it and return ``None``."""
+    cfn = _compiled(fn)
+    if cfn is None:
+        return None
+    try:
+        return cfn(*args)
+    except Exception as e:  # e.g. no C++ compiler for inductor: fall back to eager, once
+        warnings.warn(f"torch.compile of {fn.__name__} failed ({type(e).__name__}: {e}); "
+                      "the fast KAN path runs eagerly")
+        _COMPILED[fn] = None
+        return None
+
+
 class _FastKANFunction(torch.autograd.Function):
-    """Fused exact KAN layer on a uniform grid; saves only x and the parameters for backward.
+    """Fused exact KAN layer on a uniform grid; saves x, the fused weight and the parameters.
 
     forward: ``y = [silu(x), B(x)] @ [W_base, W_spline * scale]^T`` as one GEMM. backward
     recomputes the features (cheap: k + 1 nonzeros per input) instead of keeping the
-    ``(batch, in, coeff)`` basis alive between forward and backward.
+    ``(batch, in, coeff)`` basis alive between forward and backward. The fused weight
+    ``(out, in * (1 + C))`` is saved: parameter-sized, independent of the batch.
+    ``compiled``: build the features and d/dx with torch.compile'd pointwise kernels
+    (:func:`_pointwise_features`, :func:`_pointwise_grad_x`) instead of the eager scatter/gather.
     """
 
     @staticmethod
-    def forward(ctx, x, base_weight, spline_weight, spline_scaler, shift, inv_h, cols, poly, gemm_dtype):
-        feats, _, _ = _fast_features(x, shift, inv_h, cols, poly, with_grad=False)  # (batch, in, 1 + C)
-        w = _fused_weight(base_weight, spline_weight, spline_scaler)  # (out, in * (1 + C))
-        y = feats.view(x.shape[0], -1).to(gemm_dtype) @ w.to(gemm_dtype).t()  # (batch, out)
-        ctx.save_for_backward(x, base_weight, spline_weight, spline_scaler, shift, inv_h, cols, poly)
-        ctx.gemm_dtype = gemm_dtype
+    def forward(ctx, x, base_weight, spline_weight, spline_scaler, shift, inv_h, cols, poly, gemm_dtype,
+                pieces, compiled):
+        n_coeff = spline_weight.shape[-1]
+        # compiled: (batch, 1 + C, in) coefficient-major; eager: (batch, in, 1 + C)
+        feats = _run_compiled(_pointwise_features, x, shift, inv_h, n_coeff, pieces) if compiled else None
+        compiled = feats is not None
+        if feats is None:
+            feats, _, _ = _fast_features(x, shift, inv_h, cols, poly, with_grad=False)
+        w = _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major=compiled).to(gemm_dtype)
+        y = feats.view(x.shape[0], -1).to(gemm_dtype) @ w.t()  # (batch, out)
+        ctx.save_for_backward(x, w, spline_weight, spline_scaler, shift, inv_h, cols, poly)
+        ctx.gemm_dtype, ctx.pieces, ctx.compiled = gemm_dtype, pieces, compiled
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, base_weight, spline_weight, spline_scaler, shift, inv_h, cols, poly = ctx.saved_tensors
+        x, w, spline_weight, spline_scaler, shift, inv_h, cols, poly = ctx.saved_tensors
         gdt = ctx.gemm_dtype
         n_out, n_in, n_coeff = spline_weight.shape
         grad_y = grad_y.to(gdt)  # (batch, out)
         need_x = ctx.needs_input_grad[0]
-        feats, col, dvals = _fast_features(x, shift, inv_h, cols, poly, with_grad=need_x)
         grad_x = grad_base = grad_spline = grad_scaler = None
-        if need_x:
-            w = _fused_weight(base_weight, spline_weight, spline_scaler).to(gdt)
-            gf = (grad_y @ w).to(x.dtype).view(-1, n_in, 1 + n_coeff)  # (batch, in, 1 + C)
-            grad_x = torch.ops.aten.silu_backward(gf[..., 0], x)  # (batch, in)
-            gf[..., 0] = 0  # bases that do not exist point at column 0: they must gather 0
-            g_u = (torch.gather(gf, -1, col) * dvals).sum(-1)  # (batch, in): d loss / du
-            grad_x = torch.addcmul(grad_x, g_u, inv_h)  # du/dx = inv_h
+        feats = None
+        if ctx.compiled:  # same layout as forward; eager pointwise if compiling failed meanwhile
+            feats = _run_compiled(_pointwise_features, x, shift, inv_h, n_coeff, ctx.pieces)
+            if feats is None:
+                feats = _pointwise_features(x, shift, inv_h, n_coeff, ctx.pieces)
+        if ctx.compiled:
+            if need_x:
+                gf = (grad_y @ w).to(x.dtype).view(-1, 1 + n_coeff, n_in)  # (batch, 1 + C, in)
+                grad_x = _run_compiled(_pointwise_grad_x, gf, x, shift, inv_h, n_coeff, ctx.pieces)
+                if grad_x is None:
+                    grad_x = _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, ctx.pieces)
+        else:
+            feats, col, dvals = _fast_features(x, shift, inv_h, cols, poly, with_grad=need_x)
+            if need_x:
+                gf = (grad_y @ w).to(x.dtype).view(-1, n_in, 1 + n_coeff)  # (batch, in, 1 + C)
+                grad_x = torch.ops.aten.silu_backward(gf[..., 0], x)  # (batch, in)
+                gf[..., 0] = 0  # bases that do not exist point at column 0: they must gather 0
+                g_u = (torch.gather(gf, -1, col) * dvals).sum(-1)  # (batch, in): d loss / du
+                grad_x = torch.addcmul(grad_x, g_u, inv_h)  # du/dx = inv_h
         if any(ctx.needs_input_grad[1:4]):
             gw = (grad_y.t() @ feats.view(x.shape[0], -1).to(gdt)).to(spline_weight.dtype)  # (out, in*(1+C))
-            gw = gw.view(n_out, n_in, 1 + n_coeff)
-            grad_base = gw[..., 0]
-            g_scaled = gw[..., 1:]  # (out, in, C): gradient of the scaled coefficients
+            if ctx.compiled:
+                gw = gw.view(n_out, 1 + n_coeff, n_in)
+                grad_base, g_scaled = gw[:, 0], gw[:, 1:].transpose(1, 2)
+            else:
+                gw = gw.view(n_out, n_in, 1 + n_coeff)
+                grad_base, g_scaled = gw[..., 0], gw[..., 1:]
+            # g_scaled: (out, in, C), the gradient of the scaled coefficients
             if spline_scaler is None:
                 grad_spline = g_scaled
             else:
                 if ctx.needs_input_grad[2]:
                     grad_spline = g_scaled * spline_scaler.unsqueeze(-1)
                 if ctx.needs_input_grad[3]:
-                    grad_scaler = (g_scaled * spline_weight).sum(-1)
-        return grad_x, grad_base, grad_spline, grad_scaler, None, None, None, None, None
+                    grad_scaler = torch.linalg.vecdot(g_scaled, spline_weight)  # (out, in)
+        return grad_x, grad_base, grad_spline, grad_scaler, None, None, None, None, None, None, None
 
 
 class KANLinear(nn.Module):
@@ -144,7 +252,8 @@ class KANLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, grid_size: int = 5,
                  spline_order: int = 3, grid_range: tuple[float, float] = (-1.0, 1.0),
                  scale_noise: float = 0.1, scale_base: float = 1.0, scale_spline: float = 1.0,
-                 standalone_scale_spline: bool = True, impl: str = "reference", grid_eps: float = 0.02):
+                 standalone_scale_spline: bool = True, impl: str = "reference", grid_eps: float = 0.02,
+                 compile_basis: bool = False):
         super().__init__()
         if in_features <= 0 or out_features <= 0:
             raise ValueError(f"in_features and out_features must be positive, got {in_features}, {out_features}")
@@ -160,6 +269,7 @@ class KANLinear(nn.Module):
         self.spline_order = spline_order
         self.impl = impl
         self.grid_eps = grid_eps
+        self.compile_basis = compile_basis
         self.register_buffer("grid", make_grid(in_features, grid_size, spline_order, grid_range))
         # Closed-form parameters of a uniform grid; derived from ``grid`` by refresh_grid().
         # u = x * inv_h + shift is the position of x in knot intervals from the first knot.
@@ -168,6 +278,9 @@ class KANLinear(nn.Module):
         cols, _ = uniform_bspline_tables(grid_size, spline_order)
         self.register_buffer("_cols", cols, persistent=False)  # (G + 2k + 2, k + 1) int64
         self.register_buffer("_poly", local_bspline_poly(spline_order).float(), persistent=False)
+        # The same splines as symmetric pieces with Python-float coefficients (compile constants).
+        half, bounds, vals, dvals = symmetric_bspline_pieces(spline_order)
+        self._pieces = (half, tuple(bounds), tuple(map(tuple, vals)), tuple(map(tuple, dvals)))
         self.grid_is_uniform = False
         self.refresh_grid()
         self.register_load_state_dict_post_hook(lambda module, _keys: module.refresh_grid())
@@ -247,7 +360,7 @@ class KANLinear(nn.Module):
                 x, self.base_weight.to(w_dtype), self.spline_weight.to(w_dtype),
                 None if self.spline_scaler is None else self.spline_scaler.to(w_dtype),
                 self.shift.to(x.dtype), self.inv_h.to(x.dtype), self._cols, self._poly.to(x.dtype),
-                gemm_dtype)
+                gemm_dtype, self._pieces, self.compile_basis)
 
     @torch.no_grad()
     def update_grid(self, x: torch.Tensor, margin: float = 0.01) -> None:
