@@ -129,6 +129,32 @@ def _pointwise_grad_x(gf, x, shift, inv_h, n_coeff: int, pieces):
     return gf[:, 0] * (sig * (1 + x * (1 - sig))) + g_u * inv_h
 
 
+def _small_out_forward(x, shift, inv_h, n_coeff: int, pieces, w3):
+    """``(batch, out)`` for a layer with few outputs, features never materialised (for compile).
+
+    w3: ``(out, 1 + C, in)`` coefficient-major fused weight. For ``out`` of 1 or 2 the GEMM is
+    a matrix-vector product, bound by writing and reading the ``(batch, 1 + C, in)`` features;
+    fusing their computation into the reduction avoids that traffic.
+    """
+    f = _pointwise_features(x, shift, inv_h, n_coeff, pieces)  # (batch, 1 + C, in), fused away
+    return (f.unsqueeze(1) * w3).sum((2, 3))
+
+
+def _small_out_grad_x(g, w3, x, shift, inv_h, n_coeff: int, pieces):
+    """``(batch, in)`` d loss / dx for a few-output layer; g: ``(batch, out)`` (for compile)."""
+    gf = (g[:, :, None, None] * w3).sum(1)  # (batch, 1 + C, in), fused away
+    return _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, pieces)
+
+
+def _small_out_grad_w(g, x, shift, inv_h, n_coeff: int, pieces):
+    """``(out, 1 + C, in)`` d loss / d fused weight for a few-output layer (for compile)."""
+    f = _pointwise_features(x, shift, inv_h, n_coeff, pieces)
+    return (g[:, :, None, None] * f.unsqueeze(1)).sum(0)
+
+
+# Layers with at most this many outputs use the fused matrix-vector kernels above when compiled.
+SMALL_OUT = 2
+
 _COMPILED: dict = {}
 
 
@@ -157,6 +183,12 @@ def _run_compiled(fn, *args):
         return None
 
 
+def _call(fn, *args):
+    """``fn(*args)`` compiled when possible, else eagerly (same result, slower)."""
+    out = _run_compiled(fn, *args)
+    return fn(*args) if out is None else out
+
+
 class _FastKANFunction(torch.autograd.Function):
     """Fused exact KAN layer on a uniform grid; saves x, the fused weight and the parameters.
 
@@ -171,16 +203,25 @@ class _FastKANFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, base_weight, spline_weight, spline_scaler, shift, inv_h, cols, poly, gemm_dtype,
                 pieces, compiled):
-        n_coeff = spline_weight.shape[-1]
-        # compiled: (batch, 1 + C, in) coefficient-major; eager: (batch, in, 1 + C)
-        feats = _run_compiled(_pointwise_features, x, shift, inv_h, n_coeff, pieces) if compiled else None
-        compiled = feats is not None
-        if feats is None:
-            feats, _, _ = _fast_features(x, shift, inv_h, cols, poly, with_grad=False)
-        w = _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major=compiled).to(gemm_dtype)
-        y = feats.view(x.shape[0], -1).to(gemm_dtype) @ w.t()  # (batch, out)
+        n_out, n_in, n_coeff = spline_weight.shape
+        small = compiled and n_out <= SMALL_OUT
+        y = feats = None
+        if small:
+            w = _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major=True)
+            y = _run_compiled(_small_out_forward, x, shift, inv_h, n_coeff, pieces, w.view(n_out, -1, n_in))
+            small = y is not None
+            if small:
+                y = y.to(gemm_dtype)  # computed in x's dtype; match what the GEMM would return
+        elif compiled:  # (batch, 1 + C, in) coefficient-major
+            feats = _run_compiled(_pointwise_features, x, shift, inv_h, n_coeff, pieces)
+        compiled = small or feats is not None
+        if y is None:
+            if feats is None:  # eager: (batch, in, 1 + C)
+                feats, _, _ = _fast_features(x, shift, inv_h, cols, poly, with_grad=False)
+            w = _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major=compiled).to(gemm_dtype)
+            y = feats.view(x.shape[0], -1).to(gemm_dtype) @ w.t()  # (batch, out)
         ctx.save_for_backward(x, w, spline_weight, spline_scaler, shift, inv_h, cols, poly)
-        ctx.gemm_dtype, ctx.pieces, ctx.compiled = gemm_dtype, pieces, compiled
+        ctx.gemm_dtype, ctx.pieces, ctx.compiled, ctx.small = gemm_dtype, pieces, compiled, small
         return y
 
     @staticmethod
@@ -191,17 +232,18 @@ class _FastKANFunction(torch.autograd.Function):
         grad_y = grad_y.to(gdt)  # (batch, out)
         need_x = ctx.needs_input_grad[0]
         grad_x = grad_base = grad_spline = grad_scaler = None
-        feats = None
-        if ctx.compiled:  # same layout as forward; eager pointwise if compiling failed meanwhile
-            feats = _run_compiled(_pointwise_features, x, shift, inv_h, n_coeff, ctx.pieces)
-            if feats is None:
-                feats = _pointwise_features(x, shift, inv_h, n_coeff, ctx.pieces)
-        if ctx.compiled:
+        feats = gw = None
+        if ctx.small:  # fused matrix-vector kernels, features never materialised
+            g = grad_y.to(x.dtype)
+            if need_x:
+                grad_x = _call(_small_out_grad_x, g, w.view(n_out, -1, n_in), x, shift, inv_h, n_coeff, ctx.pieces)
+            if any(ctx.needs_input_grad[1:4]):
+                gw = _call(_small_out_grad_w, g, x, shift, inv_h, n_coeff, ctx.pieces).to(spline_weight.dtype)
+        elif ctx.compiled:  # same layout as forward
+            feats = _call(_pointwise_features, x, shift, inv_h, n_coeff, ctx.pieces)
             if need_x:
                 gf = (grad_y @ w).to(x.dtype).view(-1, 1 + n_coeff, n_in)  # (batch, 1 + C, in)
-                grad_x = _run_compiled(_pointwise_grad_x, gf, x, shift, inv_h, n_coeff, ctx.pieces)
-                if grad_x is None:
-                    grad_x = _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, ctx.pieces)
+                grad_x = _call(_pointwise_grad_x, gf, x, shift, inv_h, n_coeff, ctx.pieces)
         else:
             feats, col, dvals = _fast_features(x, shift, inv_h, cols, poly, with_grad=need_x)
             if need_x:
@@ -211,10 +253,13 @@ class _FastKANFunction(torch.autograd.Function):
                 g_u = (torch.gather(gf, -1, col) * dvals).sum(-1)  # (batch, in): d loss / du
                 grad_x = torch.addcmul(grad_x, g_u, inv_h)  # du/dx = inv_h
         if any(ctx.needs_input_grad[1:4]):
-            gw = (grad_y.t() @ feats.view(x.shape[0], -1).to(gdt)).to(spline_weight.dtype)  # (out, in*(1+C))
+            if gw is None:
+                gw = (grad_y.t() @ feats.view(x.shape[0], -1).to(gdt)).to(spline_weight.dtype)  # (out, in*(1+C))
             if ctx.compiled:
+                # One transpose copy to the parameters' (out, in, C) layout: strided gradients
+                # would make every later elementwise op and the gradient accumulation slow.
                 gw = gw.view(n_out, 1 + n_coeff, n_in)
-                grad_base, g_scaled = gw[:, 0], gw[:, 1:].transpose(1, 2)
+                grad_base, g_scaled = gw[:, 0].contiguous(), gw[:, 1:].transpose(1, 2).contiguous()
             else:
                 gw = gw.view(n_out, n_in, 1 + n_coeff)
                 grad_base, g_scaled = gw[..., 0], gw[..., 1:]
