@@ -246,6 +246,16 @@ def acceptance(rows):
     return out
 
 
+def _raise_recompile_limit() -> None:
+    # One run compiles every (layer shape, threads, grad mode) of every compiled model; dynamo's
+    # default limit of 8 entries per function would silently send later configs to eager code.
+    cfg = getattr(getattr(torch, "_dynamo", None), "config", None)
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if cfg is not None and hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 512))
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: small config, few repeats")
@@ -254,6 +264,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--models", type=str, default=None, help="comma list of model names (default all)")
     ap.add_argument("--out-dir", type=str, default="outputs/benchmarks")
     args = ap.parse_args(argv)
+    _raise_recompile_limit()
     reps = args.reps or (5 if args.quick else 30)
     warmup = 2 if args.quick else 3
     budget_s = 2.0 if args.quick else 8.0  # per model and config: slow models get 3 repeats only

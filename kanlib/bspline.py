@@ -2,6 +2,14 @@
 
 ``make_grid`` builds the extended uniform knot vector of a layer; ``bspline_basis`` is the
 readable reference (Cox-de Boor recursion over all knots), valid for any knot vector.
+
+The rest serves the fast path on uniform grids, where only ``k + 1`` bases are nonzero at any
+x: ``grid_uniform_params`` (is a grid uniform, and its first knot and spacing),
+``local_bspline``/``local_bspline_poly`` (the k + 1 local polynomial pieces),
+``uniform_bspline_local``/``uniform_bspline_tables`` (where those values go) and
+``uniform_bspline_basis`` (the dense basis by the closed form, equal to ``bspline_basis``),
+``symmetric_bspline_pieces`` (the cardinal B-spline in the distance from its centre, the form
+the compiled kernels use).
 """
 
 from __future__ import annotations

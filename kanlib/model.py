@@ -1,4 +1,13 @@
-"""KAN layers and models, and the MLP baseline. Pure ``nn.Module``: no torch.distributed, no I/O."""
+"""KAN layers and models, and the MLP baseline. Pure ``nn.Module``, no I/O.
+
+The one exception to "no torch.distributed" is :func:`update_grid_distributed` (at the end),
+which imports it lazily: a grid update must see every rank's data to leave the ranks identical.
+
+Layers: :class:`KANLinear` (exact B-spline; ``impl="reference"`` or ``"fast"``),
+:class:`RBFKANLinear` (Gaussian RBFs), :class:`ChebyKANLinear` (Chebyshev polynomials);
+stacks :class:`KAN`, :class:`RBFKAN`, :class:`ChebyKAN`; baseline :class:`MLP` and
+:func:`matched_mlp`.
+"""
 
 from __future__ import annotations
 
@@ -129,6 +138,23 @@ def _pointwise_grad_x(gf, x, shift, inv_h, n_coeff: int, pieces):
     return gf[:, 0] * (sig * (1 + x * (1 - sig))) + g_u * inv_h
 
 
+def _pointwise_features_and_grad_x(gf, x, shift, inv_h, n_coeff: int, pieces):
+    """Both :func:`_pointwise_features` and :func:`_pointwise_grad_x` in one fused pass (for compile)."""
+    return (_pointwise_features(x, shift, inv_h, n_coeff, pieces),
+            _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, pieces))
+
+
+def _weight_grads(gw, spline_weight, spline_scaler):
+    """Gradients of base weight, spline weight and scale from ``gw: (out, 1 + C, in)`` (for compile).
+
+    gw is the gradient of the coefficient-major fused weight; returns ``(out, in)``,
+    ``(out, in, C)`` and ``(out, in)`` tensors, contiguous in the parameters' layout.
+    """
+    g_scaled = gw[:, 1:].transpose(1, 2)  # (out, in, C)
+    return (gw[:, 0].contiguous(), (g_scaled * spline_scaler.unsqueeze(-1)).contiguous(),
+            (g_scaled * spline_weight).sum(-1))
+
+
 def _small_out_forward(x, shift, inv_h, n_coeff: int, pieces, w3):
     """``(batch, out)`` for a layer with few outputs, features never materialised (for compile).
 
@@ -240,10 +266,11 @@ class _FastKANFunction(torch.autograd.Function):
             if any(ctx.needs_input_grad[1:4]):
                 gw = _call(_small_out_grad_w, g, x, shift, inv_h, n_coeff, ctx.pieces).to(spline_weight.dtype)
         elif ctx.compiled:  # same layout as forward
-            feats = _call(_pointwise_features, x, shift, inv_h, n_coeff, ctx.pieces)
             if need_x:
                 gf = (grad_y @ w).to(x.dtype).view(-1, 1 + n_coeff, n_in)  # (batch, 1 + C, in)
-                grad_x = _call(_pointwise_grad_x, gf, x, shift, inv_h, n_coeff, ctx.pieces)
+                feats, grad_x = _call(_pointwise_features_and_grad_x, gf, x, shift, inv_h, n_coeff, ctx.pieces)
+            else:
+                feats = _call(_pointwise_features, x, shift, inv_h, n_coeff, ctx.pieces)
         else:
             feats, col, dvals = _fast_features(x, shift, inv_h, cols, poly, with_grad=need_x)
             if need_x:
@@ -255,9 +282,12 @@ class _FastKANFunction(torch.autograd.Function):
         if any(ctx.needs_input_grad[1:4]):
             if gw is None:
                 gw = (grad_y.t() @ feats.view(x.shape[0], -1).to(gdt)).to(spline_weight.dtype)  # (out, in*(1+C))
+            if ctx.compiled and spline_scaler is not None:
+                # One fused pass back to the parameters' (out, in, C) layout; strided gradients
+                # would make the gradient accumulation slow.
+                grads = _call(_weight_grads, gw.view(n_out, 1 + n_coeff, n_in), spline_weight, spline_scaler)
+                return grad_x, *grads, None, None, None, None, None, None, None
             if ctx.compiled:
-                # One transpose copy to the parameters' (out, in, C) layout: strided gradients
-                # would make every later elementwise op and the gradient accumulation slow.
                 gw = gw.view(n_out, 1 + n_coeff, n_in)
                 grad_base, g_scaled = gw[:, 0].contiguous(), gw[:, 1:].transpose(1, 2).contiguous()
             else:

@@ -169,3 +169,19 @@ def test_bf16_autocast_error_bound(impl):
     assert rel < 1e-2, f"relative error {rel:.3g} under bf16 autocast"
     got.float().sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("compile_basis", [False, True])
+def test_fast_without_standalone_scale(compile_basis):
+    torch.manual_seed(3)
+    ref = KANLinear(4, 3, 5, 2, standalone_scale_spline=False)
+    fast = KANLinear(4, 3, 5, 2, standalone_scale_spline=False, impl="fast", compile_basis=compile_basis)
+    fast.load_state_dict(ref.state_dict())
+    x = _inputs(50, 4, torch.float32)
+    xr, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
+    yr, yf = ref(xr), fast(xf)
+    torch.testing.assert_close(yf, yr, rtol=1e-5, atol=1e-5)
+    gr = torch.autograd.grad(yr.sum(), [xr, *ref.parameters()])
+    gf = torch.autograd.grad(yf.sum(), [xf, *fast.parameters()])
+    for a, b in zip(gr, gf):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
