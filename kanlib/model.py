@@ -313,13 +313,20 @@ class KANLinear(nn.Module):
     registered buffer (DDP broadcasts it, ``state_dict`` saves it).
 
     ``impl="reference"`` evaluates the basis by the Cox-de Boor recursion over all knots and
-    runs two GEMMs. ``impl="fast"`` computes the same function exactly with the closed form of
-    uniform B-splines (k + 1 nonzero bases per input), one fused GEMM over
-    ``[silu(x), basis]`` and a custom autograd function that recomputes the basis in backward.
-    The closed form needs a uniform grid per input (the initial grid, or one refit by
-    :meth:`update_grid` with ``grid_eps=1``); on a non-uniform grid the fast path falls back to
-    the reference. Under bf16/fp16 autocast the basis is computed in float32 and only the
-    GEMMs run in the autocast dtype.
+    runs two GEMMs. ``impl="fast"`` computes the same function exactly (same outputs and
+    gradients to float rounding) with the closed form of uniform B-splines (k + 1 nonzero bases
+    per input), one fused GEMM over ``[silu(x), basis]`` and a custom autograd function that
+    saves only x, the parameters and the fused ``(out, in * (1 + coeff))`` weight, rebuilding
+    the basis in backward. ``compile_basis=True`` (fast only) builds the basis and its
+    derivative with torch.compile'd pointwise kernels, and fuses layers of at most
+    ``SMALL_OUT`` outputs into matrix-vector kernels; it is the fastest path after a one-off
+    compilation per layer shape, and runs eagerly (with a warning) where torch.compile fails.
+
+    The closed form needs a uniform grid per input: the initial grid, or one refit by
+    :meth:`update_grid` with ``grid_eps=1`` (per-input ranges are fine). With ``grid_eps < 1``
+    the refit grid is non-uniform and the fast path falls back to the reference computation
+    (``grid_is_uniform`` says which). Under bf16/fp16 autocast the basis is computed in float32
+    and only the GEMMs run in the autocast dtype.
 
     x: ``(batch, in_features)`` -> ``(batch, out_features)``.
     """
