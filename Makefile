@@ -46,3 +46,9 @@ test-fast: $(STAMP)
 clean-outputs:
 	rm -rf $(OUT)/*
 	touch $(OUT)/.gitkeep
+
+# KAN layer benchmark (benchmarks/kan_layer.py): installs the published peers beside the pinned
+# torch (--no-deps, so torch is not replaced), then measures; BENCH_ARGS=--quick for a smoke run.
+bench: $(STAMP)
+	$(PY) -m pip install -q --no-deps pykan==0.2.8 flashkan==0.2.0 inkan==0.5.2
+	$(PY) -m benchmarks.kan_layer $(BENCH_ARGS)

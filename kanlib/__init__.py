@@ -4,7 +4,10 @@ __version__ = "0.1.0"
 
 from kanlib.bspline import bspline_basis, make_grid  # noqa: E402
 from kanlib.config import ConfigError, RunConfig  # noqa: E402
-from kanlib.model import KAN, MLP, KANLinear, build_model, count_params  # noqa: E402
+from kanlib.model import (KAN, MLP, ChebyKAN, ChebyKANLinear, KANLinear, RBFKAN,  # noqa: E402
+                          RBFKANLinear, build_model, count_params, matched_mlp,
+                          update_grid_distributed)
 
 __all__ = ["bspline_basis", "make_grid", "RunConfig", "ConfigError", "KANLinear", "KAN", "MLP",
-           "build_model", "count_params", "__version__"]
+           "RBFKANLinear", "RBFKAN", "ChebyKANLinear", "ChebyKAN", "matched_mlp",
+           "build_model", "count_params", "update_grid_distributed", "__version__"]

@@ -1,0 +1,308 @@
+"""KAN layer benchmark: kanlib's reference and fast paths, the variants, a matched MLP and PyPI peers.
+
+Run ``python -m benchmarks.kan_layer`` (or ``python benchmarks/kan_layer.py``); ``--quick`` is a
+smoke run (smaller configs, few repeats). One run measures, side by side and interleaved round
+by round (so load on the machine hits every model alike):
+
+- ``fwd_ms``: median wall time of a forward pass under ``torch.no_grad`` (inference);
+- ``fwd_bwd_ms``: median wall time of forward + ``loss.backward()`` (a training step without the
+  optimizer), gradients reset to ``None`` between steps;
+- ``saved_bytes``: activation memory of a training forward, measured as the bytes of the distinct
+  storages of every tensor autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``),
+  not counting parameters (they exist anyway), plus the output. This is what a training step
+  keeps alive between forward and backward, the dominant term of its peak memory; it is
+  device-independent, so it works on CPU where no allocator statistics exist. On CUDA the run
+  also records ``cuda_peak_bytes`` = ``torch.cuda.max_memory_allocated`` during one step minus
+  the memory allocated before it.
+
+Times are medians over repeats after warm-up; CUDA is synchronised before each clock read.
+Ratios are against the matched-parameter MLP (:func:`kanlib.model.matched_mlp`) of the same
+config, threads and device, in the same run. A JSON record goes to
+``outputs/benchmarks/kan_layer-<UTC timestamp>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python benchmarks/kan_layer.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from kanlib.model import KAN, ChebyKAN, RBFKAN, count_params, matched_mlp
+
+SCHEMA_VERSION = 1
+GRID_SIZE, SPLINE_ORDER = 5, 3
+CONFIGS = [((64, 256, 256, 1), 512), ((16, 64, 64, 1), 1024)]
+QUICK_CONFIGS = [((16, 64, 64, 1), 256)]
+
+
+# -- models ---------------------------------------------------------------------------------
+def _peer_pykan(widths, device):
+    from kan import KAN as PyKAN  # pykan
+
+    return PyKAN(width=list(widths), grid=GRID_SIZE, k=SPLINE_ORDER, seed=0, auto_save=False,
+                 device=str(device))
+
+
+def _peer_flashkan(widths, device):
+    from flashkan import KANNetwork
+
+    return KANNetwork(list(widths), grid_size=GRID_SIZE, spline_order=SPLINE_ORDER).to(device)
+
+
+def _peer_inkan(widths, device):
+    from inkan import KANNetwork
+
+    return KANNetwork(list(widths), grid_size=GRID_SIZE, spline_order=SPLINE_ORDER).to(device)
+
+
+def _compiled_fast(widths, device):
+    # The fast path with its basis kernels compiled (KANLinear(compile_basis=True)); the GEMMs
+    # stay ATen calls. torch.compile of the whole model adds nothing on top (the custom
+    # autograd function is opaque to the partitioner) and is left out.
+    return KAN(widths, GRID_SIZE, SPLINE_ORDER, impl="fast", compile_basis=True).to(device)
+
+
+def model_factories(widths):
+    """name -> (factory(widths, device) -> nn.Module, kind). kind: kanlib | baseline | peer."""
+    return {
+        "kan_reference": (lambda w, d: KAN(w, GRID_SIZE, SPLINE_ORDER, impl="reference").to(d), "kanlib"),
+        "kan_fast": (lambda w, d: KAN(w, GRID_SIZE, SPLINE_ORDER, impl="fast").to(d), "kanlib"),
+        "kan_fast_compiled": (_compiled_fast, "kanlib"),
+        "kan_rbf": (lambda w, d: RBFKAN(w, GRID_SIZE + SPLINE_ORDER).to(d), "kanlib"),
+        "kan_cheb": (lambda w, d: ChebyKAN(w, GRID_SIZE + SPLINE_ORDER - 1).to(d), "kanlib"),
+        "mlp_matched": (lambda w, d: matched_mlp(list(w), GRID_SIZE, SPLINE_ORDER).to(d), "baseline"),
+        "pykan": (_peer_pykan, "peer"),
+        "flashkan": (_peer_flashkan, "peer"),
+        "inkan": (_peer_inkan, "peer"),
+    }
+
+
+# -- measurements ---------------------------------------------------------------------------
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _zero_grads(model):
+    for p in model.parameters():
+        p.grad = None
+
+
+def step_fwd(model, x):
+    with torch.no_grad():
+        return model(x)
+
+
+def step_fwd_bwd(model, x):
+    _zero_grads(model)
+    y = model(x)
+    y.float().square().mean().backward()
+
+
+def saved_bytes(model, x) -> int:
+    """Bytes of distinct non-parameter storages saved for backward by one forward, plus the output."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    if hasattr(torch, "_dynamo"):  # keep the hook out of compiled graphs (it would be traced)
+        pack = torch._dynamo.disable(pack)
+    _zero_grads(model)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = model(x)
+    out = y.untyped_storage().nbytes() if y.untyped_storage().data_ptr() not in seen else 0
+    del y
+    return sum(seen.values()) + out
+
+
+def cuda_peak_bytes(model, x) -> int | None:
+    if x.device.type != "cuda":
+        return None
+    _zero_grads(model)
+    torch.cuda.synchronize(x.device)
+    base = torch.cuda.memory_allocated(x.device)
+    torch.cuda.reset_peak_memory_stats(x.device)
+    step_fwd_bwd(model, x)
+    torch.cuda.synchronize(x.device)
+    return torch.cuda.max_memory_allocated(x.device) - base
+
+
+def bench_config(widths, batch, threads, device, reps, warmup, budget_s, only=None):
+    """Rows of one (widths, batch, threads, device): every model, interleaved repeat by repeat."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    x = (torch.rand(batch, widths[0], device=device) * 2 - 1)
+    rows, live = [], {}
+    for name, (make, kind) in model_factories(widths).items():
+        if only and name not in only:
+            continue
+        row = {"model": name, "kind": kind, "widths": list(widths), "batch": batch, "threads": threads,
+               "device": device.type}
+        try:
+            torch.manual_seed(0)
+            model = make(widths, device)
+            row["params"] = count_params(model)
+            t0 = time.perf_counter()
+            for _ in range(warmup):  # includes torch.compile's compilation
+                step_fwd_bwd(model, x)
+                step_fwd(model, x)
+            _sync(device)
+            row["warmup_s"] = round(time.perf_counter() - t0, 3)
+            row["saved_bytes"] = saved_bytes(model, x)
+            row["cuda_peak_bytes"] = cuda_peak_bytes(model, x)
+            live[name] = (model, row, {"fwd": [], "fwd_bwd": []})
+        except Exception as e:  # a peer that is not installed or fails: skip with a note
+            row["skipped"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+            if not isinstance(e, ImportError):
+                row["traceback"] = traceback.format_exc(limit=3)
+        rows.append(row)
+    spent = {name: 0.0 for name in live}
+    for r in range(reps):
+        for name, (model, row, times) in live.items():
+            if r >= 3 and spent[name] > budget_s:  # slow models (pykan) stop after 3 repeats
+                continue
+            for key, fn in (("fwd", step_fwd), ("fwd_bwd", step_fwd_bwd)):
+                _sync(device)
+                t0 = time.perf_counter()
+                fn(model, x)
+                _sync(device)
+                dt = time.perf_counter() - t0
+                times[key].append(dt)
+                spent[name] += dt
+    for name, (model, row, times) in live.items():
+        row["reps"] = len(times["fwd_bwd"])
+        row["fwd_ms"] = 1e3 * statistics.median(times["fwd"])
+        row["fwd_bwd_ms"] = 1e3 * statistics.median(times["fwd_bwd"])
+    mlp = next((r for r in rows if r["model"] == "mlp_matched" and "fwd_ms" in r), None)
+    for row in rows:
+        if mlp is not None and "fwd_ms" in row:
+            row["fwd_vs_mlp"] = row["fwd_ms"] / mlp["fwd_ms"]
+            row["fwd_bwd_vs_mlp"] = row["fwd_bwd_ms"] / mlp["fwd_bwd_ms"]
+            row["saved_bytes_vs_mlp"] = row["saved_bytes"] / mlp["saved_bytes"]
+    return rows
+
+
+# -- report ---------------------------------------------------------------------------------
+def _git_sha() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+    except Exception:
+        return None
+
+
+def print_table(rows):
+    head = (f"{'config':<22} {'thr':>3} {'dev':>4} {'model':<18} {'params':>8} {'fwd ms':>9} "
+            f"{'f+b ms':>9} {'f+b/MLP':>8} {'saved MiB':>10} {'mem/MLP':>8}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        cfg = f"{'x'.join(map(str, r['widths']))} b{r['batch']}"
+        if "skipped" in r:
+            print(f"{cfg:<22} {r['threads']:>3} {r['device']:>4} {r['model']:<18} skipped: {r['skipped']}")
+            continue
+        print(f"{cfg:<22} {r['threads']:>3} {r['device']:>4} {r['model']:<18} {r['params']:>8} "
+              f"{r['fwd_ms']:>9.2f} {r['fwd_bwd_ms']:>9.2f} {r.get('fwd_bwd_vs_mlp', float('nan')):>8.2f} "
+              f"{r['saved_bytes'] / 2**20:>10.2f} {r.get('saved_bytes_vs_mlp', float('nan')):>8.2f}")
+
+
+def acceptance(rows):
+    """The issue's targets at [64,256,256,1] batch 512, 1 thread, CPU; None where not measured."""
+    sel = {r["model"]: r for r in rows if r["widths"] == [64, 256, 256, 1] and r["batch"] == 512
+           and r["threads"] == 1 and r["device"] == "cpu" and "fwd_bwd_ms" in r}
+    if "mlp_matched" not in sel:
+        return None
+    out = {}
+    for fast in ("kan_fast", "kan_fast_compiled"):
+        if fast not in sel:
+            continue
+        f = sel[fast]
+        checks = {"fwd_bwd_within_1.3x_mlp": f["fwd_bwd_vs_mlp"] <= 1.3}
+        for peer in ("flashkan", "inkan"):
+            if peer in sel:
+                checks[f"faster_than_{peer}"] = f["fwd_bwd_ms"] < sel[peer]["fwd_bwd_ms"]
+                checks[f"saved_bytes_le_{peer}"] = f["saved_bytes"] <= sel[peer]["saved_bytes"]
+        out[fast] = checks
+    return out
+
+
+def _raise_recompile_limit() -> None:
+    # One run compiles every (layer shape, threads, grad mode) of every compiled model; dynamo's
+    # default limit of 8 entries per function would silently send later configs to eager code.
+    cfg = getattr(getattr(torch, "_dynamo", None), "config", None)
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if cfg is not None and hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 512))
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: small config, few repeats")
+    ap.add_argument("--reps", type=int, default=None, help="timed repeats per model (default 30, quick 5)")
+    ap.add_argument("--threads", type=str, default=None, help="comma list of thread counts (default 1,2)")
+    ap.add_argument("--models", type=str, default=None, help="comma list of model names (default all)")
+    ap.add_argument("--out-dir", type=str, default="outputs/benchmarks")
+    args = ap.parse_args(argv)
+    _raise_recompile_limit()
+    reps = args.reps or (5 if args.quick else 30)
+    warmup = 2 if args.quick else 3
+    budget_s = 2.0 if args.quick else 8.0  # per model and config: slow models get 3 repeats only
+    threads = [int(t) for t in args.threads.split(",")] if args.threads else ([1] if args.quick else [1, 2])
+    only = set(args.models.split(",")) if args.models else None
+    configs = QUICK_CONFIGS if args.quick else CONFIGS
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    rows = []
+    for device in devices:
+        for widths, batch in configs:
+            for t in (threads if device.type == "cpu" else [threads[0]]):
+                rows += bench_config(widths, batch, t, device, reps, warmup, budget_s, only)
+    print_table(rows)
+    acc = acceptance(rows)
+    if acc:
+        print("\nacceptance at [64,256,256,1] batch 512, 1 thread, CPU:")
+        for fast, checks in acc.items():
+            for k, v in checks.items():
+                print(f"  {fast:<18} {k:<28} {'PASS' if v else 'FAIL'}")
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    record = {
+        "schema_version": SCHEMA_VERSION, "benchmark": "kan_layer", "timestamp_utc": stamp,
+        "git_sha": _git_sha(), "torch_version": torch.__version__, "python": platform.python_version(),
+        "hostname": socket.gethostname(), "cpu_count": os.cpu_count(),
+        "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "quick": args.quick, "reps": reps, "warmup": warmup, "grid_size": GRID_SIZE,
+        "spline_order": SPLINE_ORDER,
+        "memory_method": "saved_bytes: distinct non-parameter storages saved for backward + output "
+                         "(saved_tensors_hooks); cuda_peak_bytes: max_memory_allocated delta of one step",
+        "rows": rows, "acceptance": acc,
+    }
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"kan_layer-{stamp}.json"
+    path.write_text(json.dumps(record, indent=1))
+    print(f"\nrecord written to {path}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
