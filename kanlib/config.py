@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, fields
 
 MODELS = ("kan", "kan_rbf", "kan_cheb", "mlp")
-KAN_IMPLS = ("reference", "fast")
+KAN_IMPLS = ("reference", "fast", "compiled")
 TASKS = ("exp_sin", "highdim", "product")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
@@ -49,8 +49,9 @@ class RunConfig:
     """B-spline order k (3 = cubic)."""
     grid_range: tuple[float, float] = (-1.0, 1.0)
     """Lower and upper end of the initial spline grid."""
-    kan_impl: str = "reference"
-    """B-spline KAN implementation: reference (Cox-de Boor recursion) or fast (closed form, fused)."""
+    kan_impl: str = "fast"
+    """B-spline KAN implementation: reference (Cox-de Boor recursion), fast (closed form, fused GEMM,
+    basis recomputed in backward) or compiled (fast with torch.compile'd basis kernels)."""
     task: str = "exp_sin"
     """Synthetic regression task: exp_sin (exp(sin(pi x1) + x2^2)), highdim (exp(mean sin^2(pi x_i/2))), product (x1 x2)."""
     n_train: int = 16384
@@ -94,7 +95,9 @@ class RunConfig:
     static_graph: bool = False
     """DDP option: the graph is the same every iteration."""
     grid_update_every: int = 0
-    """Refit spline grids to the data every this many steps (0 = never)."""
+    """Refit spline grids to the data (all ranks' batches) every this many steps (0 = never; kan only)."""
+    grid_eps: float = 0.02
+    """Grid update mix: 0 = knots at data quantiles, 1 = uniform knots (keeps the fast path exact-fast)."""
     checkpoint_every: int = 0
     """Write a checkpoint every this many steps (0 = never)."""
     nan_policy: str = "stop"
@@ -139,6 +142,10 @@ class RunConfig:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         if self.warmup_steps >= self.steps:
             raise ConfigError(f"warmup_steps: must be smaller than steps={self.steps}, got {self.warmup_steps}")
+        if not 0.0 <= self.grid_eps <= 1.0:
+            raise ConfigError(f"grid_eps: must be in [0, 1], got {self.grid_eps!r}")
+        if self.grid_update_every and self.model != "kan":
+            raise ConfigError(f"grid_update_every: grid updates refit B-spline grids, but model={self.model!r}")
         if not self.lr > 0:
             raise ConfigError(f"lr: must be positive, got {self.lr!r}")
         if not self.bucket_cap_mb > 0:

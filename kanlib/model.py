@@ -724,7 +724,7 @@ def matched_mlp(kan_model_or_widths, grid_size: int = 5, spline_order: int = 3) 
 def build_model(cfg) -> nn.Module:
     """The model a :class:`kanlib.config.RunConfig` asks for.
 
-    kan: B-spline :class:`KAN` with ``cfg.kan_impl``; kan_rbf: :class:`RBFKAN` with
+    kan: B-spline :class:`KAN` with ``cfg.kan_impl`` (compiled = fast with compiled basis kernels); kan_rbf: :class:`RBFKAN` with
     ``grid_size + spline_order`` centres on ``grid_range``; kan_cheb: :class:`ChebyKAN` of degree
     ``grid_size + spline_order - 1``. Both variants thus carry the B-spline KAN's number of
     coefficients per edge.
@@ -732,7 +732,9 @@ def build_model(cfg) -> nn.Module:
     if cfg.model == "mlp":
         return MLP(cfg.widths)
     if cfg.model == "kan":
-        return KAN(cfg.widths, cfg.grid_size, cfg.spline_order, cfg.grid_range, impl=cfg.kan_impl)
+        impl = "fast" if cfg.kan_impl == "compiled" else cfg.kan_impl
+        return KAN(cfg.widths, cfg.grid_size, cfg.spline_order, cfg.grid_range, impl=impl,
+                   compile_basis=cfg.kan_impl == "compiled", grid_eps=cfg.grid_eps)
     if cfg.model == "kan_rbf":
         return RBFKAN(cfg.widths, cfg.grid_size + cfg.spline_order, cfg.grid_range)
     if cfg.model == "kan_cheb":

@@ -35,7 +35,7 @@ from kanlib.data import make_dataset
 from kanlib.distributed import DistInfo, setup, synchronize, teardown
 from kanlib.metrics import (CommTimer, model_state_bytes, peak_memory_bytes, reset_peak_memory,
                             summarize, timed_allreduce_hook)
-from kanlib.model import build_model, count_params
+from kanlib.model import build_model, count_params, update_grid_distributed
 
 # Per-step quantities gathered from every rank at the end (column order of the gathered tensor).
 _PHASES = ("step_time_s", "forward_s", "backward_s", "optimizer_s", "comm_total_s", "loss")
@@ -250,12 +250,16 @@ def _train(cfg: RunConfig, info: DistInfo, stop: _StopRequest) -> dict | None:
     if measure_from >= cfg.steps:
         measure_from = max(cfg.warmup_steps, start_step)
     per_step = torch.zeros(cfg.steps - start_step, len(_PHASES), dtype=torch.float64)
-    n_skipped = 0
+    n_skipped = n_grid_updates = 0
     clock = time.perf_counter
     for step in range(start_step, cfg.steps):
         faults.at_step_start(fault_list, info.rank, step)
         x, y = data.shard(step, cfg.global_batch, info.rank, info.world_size)
         x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
+        if cfg.grid_update_every and step and step % cfg.grid_update_every == 0:
+            # Not timed: refit the grids to every rank's batch; all ranks end bitwise equal.
+            update_grid_distributed(model, x)
+            n_grid_updates += 1
         synchronize(info.device)
         t0 = clock()
         with autocast:
@@ -357,6 +361,7 @@ def _train(cfg: RunConfig, info: DistInfo, stop: _StopRequest) -> dict | None:
         "resumed_from_step": start_step,
         "attempt": attempt,
         "n_skipped_steps": n_skipped,
+        "n_grid_updates": n_grid_updates,
     }
     results.atomic_write_json(os.path.join(run_dir, results.RECORD_NAME), record)
     checkpoint.remove_all(run_dir)  # complete: model.pt holds the final parameters

@@ -113,3 +113,19 @@ def test_failed_run_raises_with_log_tail(tmp_path, monkeypatch):
         run(tiny(tmp_path, nproc_per_node=2), echo=False)
     assert "exited with code 1" in str(e.value) and "boom from rank" in e.value.log_tail
     assert e.value.returncode == 1
+
+
+@pytest.mark.slow
+def test_grid_updates_under_ddp_match_one_process(tmp_path):
+    kw = dict(steps=12, grid_update_every=5, grid_eps=0.5)
+    one = run(tiny(tmp_path, **kw), echo=False)
+    two = run(tiny(tmp_path, nproc_per_node=2, **kw), echo=False)
+    assert one["n_grid_updates"] == two["n_grid_updates"] == 2  # at steps 5 and 10
+    # the update sees the union of both ranks' shards, i.e. the same global batch as one process
+    assert two["final_val_loss"] == pytest.approx(one["final_val_loss"], rel=1e-4)
+    p1 = torch.load(os.path.join(tiny(tmp_path, **kw).run_dir(), "model.pt"), weights_only=True)
+    p2 = torch.load(os.path.join(tiny(tmp_path, nproc_per_node=2, **kw).run_dir(), "model.pt"), weights_only=True)
+    grid0 = p1["layers.0.grid"][0]
+    assert not torch.allclose(grid0[1:] - grid0[:-1], (grid0[1] - grid0[0]).expand(grid0.numel() - 1))  # refit
+    for k in p1:
+        assert torch.allclose(p1[k], p2[k], atol=1e-4, rtol=1e-4), k
