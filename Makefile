@@ -51,4 +51,5 @@ clean-outputs:
 # torch (--no-deps, so torch is not replaced), then measures; BENCH_ARGS=--quick for a smoke run.
 bench: $(STAMP)
 	$(PY) -m pip install -q --no-deps pykan==0.2.8 flashkan==0.2.0 inkan==0.5.2
+	$(PY) -m pip install -q scikit-learn matplotlib pyyaml  # what pykan imports (torch untouched)
 	$(PY) -m benchmarks.kan_layer $(BENCH_ARGS)
