@@ -381,4 +381,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Training is over: the process group is destroyed and every file written and closed. Leave
+    # without running C++ static destructors, where gloo's background threads now and then abort
+    # the exit ("terminate called without an active exception"), turning a finished run into a
+    # failed one. Errors still propagate above with their traceback and a non-zero exit.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
