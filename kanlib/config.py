@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import typing
 from dataclasses import dataclass, fields
 
 MODELS = ("kan", "kan_rbf", "kan_cheb", "mlp")
 KAN_IMPLS = ("reference", "fast", "compiled")
-TASKS = ("exp_sin", "highdim", "product")
+TASKS = ("exp_sin", "highdim", "product", "file")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
@@ -53,7 +54,12 @@ class RunConfig:
     """B-spline KAN implementation: reference (Cox-de Boor recursion), fast (closed form, fused GEMM,
     basis recomputed in backward) or compiled (fast with torch.compile'd basis kernels)."""
     task: str = "exp_sin"
-    """Synthetic regression task: exp_sin (exp(sin(pi x1) + x2^2)), highdim (exp(mean sin^2(pi x_i/2))), product (x1 x2)."""
+    """Regression task: exp_sin (exp(sin(pi x1) + x2^2)), highdim (exp(mean sin^2(pi x_i/2))), product (x1 x2),
+    or file (real data from ``data_path``)."""
+    data_path: str = ""
+    """task=file: a CSV file with a header row (numeric columns) or an .npz file with arrays x and y."""
+    target: str = ""
+    """task=file, CSV: the target column (default: the last column); every other column is a feature."""
     n_train: int = 16384
     """Number of training samples generated from ``seed``."""
     n_val: int = 2048
@@ -155,6 +161,15 @@ class RunConfig:
         lo, hi = self.grid_range if len(self.grid_range) == 2 else (0.0, 0.0)
         if len(self.grid_range) != 2 or not lo < hi:
             raise ConfigError(f"grid_range: need (low, high) with low < high, got {self.grid_range}")
+        if self.task == "file":
+            if not self.data_path:
+                raise ConfigError("data_path: task 'file' needs a data file (CSV or .npz), got ''")
+            if not os.path.isfile(self.data_path):
+                raise ConfigError(f"data_path: no such file {self.data_path!r}")
+            if not self.data_path.endswith((".csv", ".npz")):
+                raise ConfigError(f"data_path: expected a .csv or .npz file, got {self.data_path!r}")
+        elif self.data_path or self.target:
+            raise ConfigError(f"data_path: only task 'file' reads a data file, but task={self.task!r}")
         want = TASK_INPUT_DIM.get(self.task)
         if want is not None and self.widths[0] != want:
             raise ConfigError(f"widths: task {self.task!r} has {want} inputs, but widths[0]={self.widths[0]}")
@@ -164,7 +179,7 @@ class RunConfig:
             raise ConfigError(
                 f"global_batch: {self.global_batch} is not divisible by the world size "
                 f"{self.world_size} (nnodes={self.nnodes} x nproc_per_node={self.nproc_per_node})")
-        if self.global_batch > self.n_train:
+        if self.global_batch > self.n_train and self.task != "file":
             raise ConfigError(f"global_batch: {self.global_batch} exceeds n_train={self.n_train}")
         if self.nccl_algo and self.nccl_algo.split(",")[0].split(":")[-1].lower() not in NCCL_ALGOS:
             raise ConfigError(f"nccl_algo: unknown value {self.nccl_algo!r}; choose from {', '.join(NCCL_ALGOS)}")
@@ -209,8 +224,6 @@ class RunConfig:
 
     def run_dir(self) -> str:
         """Folder of this run's files: ``out_dir/<study>/<run_key>``."""
-        import os
-
         return os.path.join(self.out_dir, self.study, self.run_key())
 
     # -- command line -----------------------------------------------------------------

@@ -20,7 +20,9 @@ def save(name, cells):
     nbf.write(nb, os.path.join(OUT, name))
 
 COMMON_PARAMS = '''
-n_train: int = 16384  # training samples generated from the seed
+n_train: int = 16384  # training samples generated from the seed (task="file": at most this many rows)
+data_path: str = ""  # task="file": a CSV (header, numeric columns) or .npz (x, y) of real data
+target: str = ""  # task="file", CSV: the target column (default: the last one)
 threads: int = 1  # torch threads per process
 backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
 device: str = "auto"  # auto | cpu | cuda
@@ -56,7 +58,8 @@ from runners.sweep import SUMMARY_COLUMNS, run_sweep
 def base_cfg(extra=""):
     return f'''
 base = RunConfig(model=model, widths=tuple(widths), grid_size=grid_size, kan_impl=kan_impl, task=task,
-                 steps=steps, warmup_steps=warmup_steps, n_train=n_train, threads=threads, backend=backend, device=device,
+                 steps=steps, warmup_steps=warmup_steps, n_train=n_train, data_path=data_path, target=target,
+                 threads=threads, backend=backend, device=device,
                  out_dir=out_dir{extra})
 '''
 
@@ -76,7 +79,7 @@ model: str = "kan"  # kan | kan_rbf | kan_cheb | mlp
 kan_impl: str = "fast"  # exact B-spline path: fast | reference
 widths: list[int] = [2, 32, 32, 1]  # layer widths, input first
 grid_size: int = 5  # spline grid intervals
-task: str = "exp_sin"  # synthetic regression task (widths[0] must match its inputs)
+task: str = "exp_sin"  # exp_sin | highdim | product | file (widths[0] must match its inputs)
 global_batch: int = 512  # samples per step summed over all processes
 steps: int = 25  # optimizer steps, warm-up included
 warmup_steps: int = 5  # steps excluded from timing
@@ -154,7 +157,7 @@ model: str = "kan"  # kan | kan_rbf | kan_cheb | mlp
 kan_impl: str = "fast"  # fast | reference
 widths: list[int] = [2, 32, 32, 1]  # layer widths, input first
 grid_size: int = 5  # spline grid intervals
-task: str = "exp_sin"  # synthetic regression task
+task: str = "exp_sin"  # exp_sin | highdim | product | file (widths[0] must match its inputs)
 steps: int = 25  # optimizer steps, warm-up included
 warmup_steps: int = 5  # steps excluded from timing
 repeats: int = 1  # separate runs per point
@@ -192,7 +195,7 @@ model: str = "kan"  # kan | kan_rbf | kan_cheb | mlp
 kan_impl: str = "fast"  # fast | reference
 widths: list[int] = [2, 64, 64, 1]  # layer widths, input first
 grid_size: int = 5  # spline grid intervals
-task: str = "exp_sin"  # synthetic regression task
+task: str = "exp_sin"  # exp_sin | highdim | product | file (widths[0] must match its inputs)
 global_batch: int = 256  # samples per step summed over all processes
 steps: int = 25  # optimizer steps, warm-up included
 warmup_steps: int = 5  # steps excluded from timing
@@ -242,7 +245,7 @@ model: str = "kan"  # the KAN kind: kan | kan_rbf | kan_cheb
 kan_impl: str = "fast"  # fast | reference
 widths: list[int] = [2, 1]  # input and output width (hidden layers come from hidden_widths)
 grid_size: int = 5  # unused here (grid_sizes sweeps it); kept for the shared base config
-task: str = "exp_sin"  # synthetic regression task
+task: str = "exp_sin"  # exp_sin | highdim | product | file (widths[0] must match its inputs)
 global_batch: int = 256  # samples per step
 steps: int = 20  # optimizer steps, warm-up included
 warmup_steps: int = 5  # steps excluded from timing
