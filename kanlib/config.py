@@ -100,6 +100,10 @@ class RunConfig:
     """DDP option: gradients are views into the all-reduce buckets."""
     static_graph: bool = False
     """DDP option: the graph is the same every iteration."""
+    broadcast_buffers: bool = False
+    """DDP option: broadcast buffers (the KAN grids) from rank 0 before every forward. Off: the grids
+    change only in grid updates, which already leave every rank equal, so the broadcast is a wasted
+    collective per step."""
     grid_update_every: int = 0
     """Refit spline grids to the data (all ranks' batches) every this many steps (0 = never; kan only)."""
     grid_eps: float = 0.02

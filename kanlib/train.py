@@ -51,7 +51,7 @@ def wrap_ddp(model: torch.nn.Module, cfg: RunConfig, info: DistInfo):
         return model, None
     ddp = DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None,
               bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-              static_graph=cfg.static_graph)
+              static_graph=cfg.static_graph, broadcast_buffers=cfg.broadcast_buffers)
     timer = None
     if cfg.comm_hook == "timed":
         timer = CommTimer(info.device)
