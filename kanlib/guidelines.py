@@ -146,10 +146,14 @@ def compute_guidelines(df: pd.DataFrame, target_efficiency: float = 0.8,
             text.append(f"No communication-model extrapolation: {e}.")
         else:
             n_pred = commmodel.largest_world_size_at(pred, target_efficiency)
-            n_txt = "no multi-process world size" if n_pred in (None, 1) else f"up to N={n_pred}"
+            if n_pred in (None, 1):
+                n_txt = f"that no multi-process world size reaches {target_efficiency:.0%} strong-scaling efficiency"
+            else:
+                n_txt = f"{target_efficiency:.0%} strong-scaling efficiency up to N={n_pred}"
+            bw = (f"bandwidth {model.bandwidth_bytes_per_s:.3g} B/s" if model.beta > 0
+                  else "bandwidth not resolved: these runs are latency-bound")
             text.append(f"The alpha-beta model fitted to {model.n_points} timed runs (latency {model.alpha:.3g} s, "
-                        f"bandwidth {model.bandwidth_bytes_per_s:.3g} B/s, relative error {model.rel_rmse:.0%}) "
-                        f"predicts {target_efficiency:.0%} strong-scaling efficiency {n_txt} for this model "
+                        f"{bw}, relative error {model.rel_rmse:.0%}) predicts {n_txt} for this model "
                         f"({basis['n_params']} parameters, {basis['overlap_fraction']:.0%} overlap); "
                         f"an optimistic bound that ignores stragglers and congestion.")
             rows.append({"question": f"predicted largest world size with efficiency >= {target_efficiency:g}",

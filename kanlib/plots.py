@@ -117,8 +117,11 @@ def comm_model_figure(pred: pd.DataFrame, measured: pd.DataFrame | None = None, 
                                  name="measured", marker=dict(size=9)), 1, 1)
     fig.add_trace(go.Scatter(x=pred["world_size"], y=pred["efficiency"], mode="lines+markers",
                              name="predicted efficiency"), 1, 2)
-    sub = "" if model is None else (f" (alpha={model.alpha:.3g} s, bandwidth={model.bandwidth_bytes_per_s:.3g} B/s,"
-                                    f" {model.algo}, {model.n_points} runs)")
+    if model is None:
+        sub = ""
+    else:
+        bw = f"bandwidth={model.bandwidth_bytes_per_s:.3g} B/s" if model.beta > 0 else "bandwidth not resolved"
+        sub = f" (alpha={model.alpha:.3g} s, {bw}, {model.algo}, {model.n_points} runs)"
     fig.update_xaxes(type="log", title_text="world size N")
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_yaxes(range=[0, 1.05], row=1, col=2)

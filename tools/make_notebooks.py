@@ -221,7 +221,7 @@ if "comm_model" in a.extra:
     from kanlib import commmodel
 
     m, basis = a.extra["comm_model"], a.extra["basis"]
-    print(f"fitted: alpha={m.alpha:.3g} s, bandwidth={m.bandwidth_bytes_per_s:.3g} B/s, {m.n_points} runs, "
+    print(f"fitted: alpha={m.alpha:.3g} s, beta={m.beta:.3g} s/byte (0: bandwidth not resolved), {m.n_points} runs, "
           f"relative error {m.rel_rmse:.0%}; basis: {basis}")
     display(a.extra["prediction"])
 '''),
