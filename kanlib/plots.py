@@ -16,6 +16,13 @@ from plotly.subplots import make_subplots
 TEMPLATE = "plotly_white"
 
 
+def px_colors() -> list[str]:
+    """The qualitative colour cycle used for groups (one colour per group across subplots)."""
+    import plotly.colors
+
+    return plotly.colors.qualitative.Plotly
+
+
 def _err(table: pd.DataFrame, col: str) -> dict:
     lo, hi = f"{col}_lo", f"{col}_hi"
     if lo not in table or hi not in table:
@@ -71,13 +78,17 @@ def strong_scaling_figure(table: pd.DataFrame, by=("model",), title: str = "Stro
 def weak_scaling_figure(table: pd.DataFrame, title: str = "Weak scaling") -> go.Figure:
     """Throughput and weak-scaling efficiency against world size, one line per per-process batch."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Throughput (samples/s)", "Weak-scaling efficiency"))
-    for name, g in _groups(table, ["local_batch"]):
-        fig.add_trace(go.Scatter(x=g["world_size"], y=g["throughput"], mode="lines+markers",
-                                 name=f"b/proc={name}", **_err(g, "throughput"), **_markers(g)), 1, 1)
-        fig.add_trace(go.Scatter(x=g["world_size"], y=g["weak_efficiency"], mode="lines+markers",
-                                 name=f"E_w vs N0, b/proc={name}"), 1, 2)
+    palette = px_colors()
+    for i, (name, g) in enumerate(_groups(table, ["local_batch"])):
+        color = palette[i % len(palette)]
+        fig.add_trace(go.Scatter(x=g["world_size"], y=g["throughput"], mode="lines+markers", legendgroup=name,
+                                 name=f"b/proc={name}", line=dict(color=color), **_err(g, "throughput"),
+                                 **_markers(g)), 1, 1)
+        fig.add_trace(go.Scatter(x=g["world_size"], y=g["weak_efficiency"], mode="lines+markers", legendgroup=name,
+                                 line=dict(color=color), name=f"E_w vs N0, b/proc={name}"), 1, 2)
         fig.add_trace(go.Scatter(x=g["world_size"], y=g["weak_efficiency_multi"], mode="lines+markers",
-                                 line=dict(dash="dot"), name=f"E_w vs first multi-process, b/proc={name}"), 1, 2)
+                                 legendgroup=name, line=dict(dash="dot", color=color),
+                                 name=f"E_w vs first multi-process, b/proc={name}"), 1, 2)
     fig.update_xaxes(title_text="world size N", tickvals=sorted(table["world_size"].unique()))
     fig.update_yaxes(rangemode="tozero")
     fig.update_layout(title=title, template=TEMPLATE, height=420)
