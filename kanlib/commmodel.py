@@ -153,8 +153,14 @@ def extrapolate_study(records: pd.DataFrame, comm_table: pd.DataFrame, max_world
     """
     model = fit(records, algo)
     best = comm_table.loc[comm_table["exposed_s"].idxmin()]
-    timed = records[(records.get("comm_hook") == "timed") & (records["world_size"] == best["world_size"])
-                    & (records["bucket_cap_mb"] == best["bucket_cap_mb"])]
+    from kanlib.results import COMM_KEYS
+
+    timed = records[records["comm_hook"] == "timed"]
+    for k in COMM_KEYS:  # the timed runs of exactly that point (same model, batch, bucket, algorithm)
+        if k in timed and k in best.index:
+            timed = timed[timed[k].apply(lambda v, want=best[k]: v == want)]
+    if timed.empty:
+        raise ValueError("no timed run matches the best communication point")
     n_buckets = int(np.median(timed["n_buckets"].to_numpy(float)))
     n_params = int(timed["n_params"].iloc[0])
     compute_1 = float(best["t_noop_s"]) * int(best["world_size"])

@@ -128,6 +128,14 @@ class RunConfig:
                 setattr(self, f.name, int(v))
             elif f.type in ("bool", bool) and not isinstance(v, bool):
                 raise ConfigError(f"{f.name}: must be true or false, got {v!r}")
+            want = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else "")
+            v = getattr(self, f.name)
+            if want is not None and (not isinstance(v, want) or isinstance(v, bool)):
+                raise ConfigError(f"{f.name}: expected {want.__name__}, got {v!r}")
+            if f.type.startswith("tuple") and not (isinstance(v, (tuple, list))
+                                                   and all(isinstance(e, (int, float)) and not isinstance(e, bool)
+                                                           for e in v)):
+                raise ConfigError(f"{f.name}: expected a sequence of numbers, got {v!r}")
         self.widths = tuple(int(w) for w in self.widths)
         self.grid_range = tuple(float(v) for v in self.grid_range)
         _choice(self, "model", MODELS)
@@ -256,12 +264,6 @@ class RunConfig:
                 raise ConfigError(f"{key}: unknown config field (known: {known})")
             kwargs[key] = _parse(key, raw, hints[key])
         return cls(**kwargs)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
-        """Build from a dict (e.g. a record); keys that are not fields are ignored."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in names})
 
 
 def field_docs() -> dict[str, str]:

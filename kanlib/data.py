@@ -96,6 +96,8 @@ def read_table(path: str, target_column: str = "") -> tuple[torch.Tensor, torch.
             if "x" not in z or "y" not in z:
                 raise ValueError(f"{path}: an .npz data file needs arrays 'x' and 'y', has {sorted(z.files)}")
             x, y = np.asarray(z["x"], dtype=np.float64), np.asarray(z["y"], dtype=np.float64).reshape(-1, 1)
+        if x.ndim != 2:
+            raise ValueError(f"{path}: array 'x' must be 2-D (rows, features), got shape {x.shape}")
         names = [f"x{i}" for i in range(x.shape[1])]
     else:
         import pandas as pd
@@ -123,8 +125,9 @@ def file_features(path: str, target_column: str = "") -> list[str]:
 
     if path.endswith(".npz"):
         with np.load(path, allow_pickle=False) as z:
-            if "x" not in z:
-                raise ValueError(f"{path}: an .npz data file needs arrays 'x' and 'y', has {sorted(z.files)}")
+            if "x" not in z or z["x"].ndim != 2:
+                raise ValueError(f"{path}: an .npz data file needs a 2-D array 'x' and an array 'y', "
+                                 f"has {sorted(z.files)}")
             return [f"x{i}" for i in range(z["x"].shape[1])]
     with open(path) as f:
         header = [c.strip() for c in f.readline().rstrip("\n").split(",")]

@@ -12,6 +12,7 @@ Given a target parallel efficiency and a per-process memory and step-time budget
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +29,7 @@ class Guidelines:
     sentences: list[str] = field(default_factory=list)
 
     def _repr_html_(self) -> str:
-        items = "".join(f"<li>{s}</li>" for s in self.sentences)
+        items = "".join(f"<li>{html.escape(s)}</li>" for s in self.sentences)
         return self.table.to_html(index=False) + f"<ul>{items}</ul>"
 
     def __str__(self) -> str:
@@ -106,18 +107,21 @@ def compute_guidelines(df: pd.DataFrame, target_efficiency: float = 0.8,
     rows, text = [], []
     studies = set(df["study"].unique())
     if "strong_scaling" in studies:
-        strong = results.scaling_table(df[df["study"] == "strong_scaling"])
-        n, e = largest_efficient_world_size(strong, target_efficiency)
-        n_meas = int(strong["world_size"].max())
-        fit = results.fit_amdahl(strong["world_size"], strong["speedup"])
-        if n == strong["world_size"].min():
-            text.append(f"No measured multi-process world size reaches {target_efficiency:.0%} strong-scaling "
-                        f"efficiency (measured up to N={n_meas}); Amdahl fit: serial fraction {fit:.3f}.")
-        else:
-            text.append(f"Strong scaling keeps at least {target_efficiency:.0%} efficiency up to N={n} processes "
-                        f"(efficiency {e:.1%} there; measured up to N={n_meas}; Amdahl serial fraction {fit:.3f}).")
-        rows.append({"question": f"largest world size with efficiency >= {target_efficiency:g}",
-                     "answer": str(n), "value": e, "basis": "strong_scaling"})
+        strong_all = results.scaling_table(df[df["study"] == "strong_scaling"], by=("model",))
+        for model, strong in strong_all.groupby("model"):
+            n, e = largest_efficient_world_size(strong, target_efficiency)
+            n_meas = int(strong["world_size"].max())
+            fit = results.fit_amdahl(strong["world_size"], strong["speedup"])
+            if n == strong["world_size"].min():
+                text.append(f"{model}: no measured multi-process world size reaches {target_efficiency:.0%} "
+                            f"strong-scaling efficiency (measured up to N={n_meas}); Amdahl fit: serial "
+                            f"fraction {fit:.3f}.")
+            else:
+                text.append(f"{model}: strong scaling keeps at least {target_efficiency:.0%} efficiency up to "
+                            f"N={n} processes (efficiency {e:.1%} there; measured up to N={n_meas}; Amdahl "
+                            f"serial fraction {fit:.3f}).")
+            rows.append({"question": f"{model}: largest world size with efficiency >= {target_efficiency:g}",
+                         "answer": str(n), "value": e, "basis": "strong_scaling"})
     if "weak_scaling" in studies:
         weak = results.weak_scaling_table(df[df["study"] == "weak_scaling"])
         b, n, e = smallest_efficient_batch(weak, target_efficiency)

@@ -14,6 +14,7 @@ Definitions (also in docs/measurement.md):
 from __future__ import annotations
 
 import resource
+import sys
 import time
 
 import numpy as np
@@ -82,7 +83,8 @@ def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
     """Peak memory and what it measures: CUDA max allocated, or the process's peak resident set on CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "cpu_peak_rss"
+    rss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return (rss if sys.platform == "darwin" else rss * 1024), "cpu_peak_rss"  # macOS: bytes; Linux: KiB
 
 
 def model_state_bytes(model: torch.nn.Module, optimizer_states_per_param: int) -> int:

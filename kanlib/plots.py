@@ -161,16 +161,6 @@ def model_size_figure(table: pd.DataFrame, title: str = "Model-size scaling") ->
     return fig
 
 
-def table_figure(table: pd.DataFrame, title: str = "", float_format: str = "{:.4g}") -> go.Figure:
-    """A DataFrame as a Plotly table (for reports)."""
-    cells = [[float_format.format(v) if isinstance(v, (float, np.floating)) else str(v) for v in table[c]]
-             for c in table.columns]
-    fig = go.Figure(go.Table(header=dict(values=list(table.columns), align="left"),
-                             cells=dict(values=cells, align="left")))
-    fig.update_layout(title=title, template=TEMPLATE, height=80 + 28 * (len(table) + 1))
-    return fig
-
-
 def save_html(fig: go.Figure, path: str) -> str:
     """Write ``fig`` as a self-contained HTML file (plotly.js embedded: opens with no network)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

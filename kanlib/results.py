@@ -177,7 +177,6 @@ def load_records(root: str, study: str | None = None, strict: bool = False) -> p
         raise NoRecordsError(f"no records{what} under {os.path.abspath(root)}"
                              + (f" ({len(bad)} unreadable)" if bad else ""))
     df = pd.DataFrame(rows)
-    df.attrs["bad"] = bad
     if "world_size" in df:
         df = df.sort_values(["study", "world_size", "repeat"], kind="stable").reset_index(drop=True)
     df.attrs["bad"] = bad
@@ -317,11 +316,6 @@ def load_manifest(path: str) -> pd.DataFrame:
     return df
 
 
-def last_status(manifest: pd.DataFrame) -> dict[str, str]:
-    """run_key -> status of its most recent attempt."""
-    return {k: s for k, s in zip(manifest.get("run_key", []), manifest.get("status", []))}
-
-
 def _flatten(rec: dict) -> dict:
     out = {}
     for k, v in rec.items():
@@ -402,9 +396,9 @@ def scaling_table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, 
         raise KeyError(f"column {metric!r} is not in the records (have: {', '.join(df.columns)})")
     rows = []
     groups = df.groupby(list(by), dropna=False) if by else [((), df)]
-    rng = np.random.default_rng(seed)
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
+        rng = np.random.default_rng(seed)  # each group's interval depends on its own data only
         sizes = sorted(g["world_size"].unique())
         n0 = sizes[0]
         base = g.loc[g["world_size"] == n0, metric].to_numpy(float)
@@ -416,6 +410,8 @@ def scaling_table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, 
             boots = (np.median(base[rng.integers(0, base.size, (n_boot, base.size))], axis=1)
                      / np.median(v[rng.integers(0, v.size, (n_boot, v.size))], axis=1))
             sp = t0 / med * n0
+            if n == n0:  # the baseline's speedup is n0 by definition: no interval to estimate
+                boots = np.full(2, sp / n0)
             rows.append({**dict(zip(by, key)), "world_size": int(n), **_topology(g[g["world_size"] == n]),
                          "n_runs": int(v.size),
                          metric: med, f"{metric}_lo": lo, f"{metric}_hi": hi,
@@ -531,14 +527,3 @@ def model_size_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.
                      "params_per_byte": n / mem, "params_per_state_byte": n / float(g["model_state_bytes"].iloc[0]),
                      "time_per_param_s": st / n})
     return pd.DataFrame(rows).sort_values(["model", "n_params"]).reset_index(drop=True)
-
-
-def fit_power_law(x, y) -> tuple[float, float]:
-    """Least-squares fit of ``y = a x^b`` in log space: returns ``(a, b)``."""
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    ok = (x > 0) & (y > 0) & np.isfinite(x) & np.isfinite(y)
-    if ok.sum() < 2:
-        raise ValueError(f"a power-law fit needs at least 2 positive points, got {int(ok.sum())}")
-    b, log_a = np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)
-    return float(np.exp(log_a)), float(b)

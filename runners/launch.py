@@ -333,7 +333,7 @@ def run(cfg: RunConfig, *, launcher: str = "local", launcher_opts: dict | None =
             record = _run_local(cfg, timeout_s=timeout_s, echo=echo, max_restarts=max_restarts,
                                 port_retries=port_retries)
     except RunFailed as e:
-        note(getattr(e, "status", "failed"), e.returncode, getattr(e, "error", "") or str(e).splitlines()[0])
+        note(e.status, e.returncode, e.error or str(e).splitlines()[0])
         raise
     except ConfigError as e:
         note("failed", None, f"ConfigError: {e}")
@@ -346,6 +346,11 @@ def run(cfg: RunConfig, *, launcher: str = "local", launcher_opts: dict | None =
         else:
             note("failed", None, "the launching process was interrupted; the run stopped without a checkpoint")
         raise
+    except Exception as e:  # anything else still leaves its row
+        note("failed", None, f"{type(e).__name__}: {e}")
+        raise
+    if record is None:  # a dry run (slurm dry_run=True) launched nothing
+        return record
     note("ok", 0)
     return record
 

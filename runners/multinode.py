@@ -95,7 +95,8 @@ def run_multinode(cfg: RunConfig, *, timeout_s: float | None = None, echo=None,
     if failed is None and not timed_out and fresh:
         return record
     node = 0 if failed is None else failed
-    tail = "".join(collections.deque(open(logs[node], errors="replace"), maxlen=40))
+    with open(logs[node], errors="replace") as f:
+        tail = "".join(collections.deque(f, maxlen=40))
     if timed_out:
         why = f"timed out after {timeout_s} s"
     elif failed is not None:
@@ -105,7 +106,7 @@ def run_multinode(cfg: RunConfig, *, timeout_s: float | None = None, echo=None,
     raise RunFailed(f"multinode run {cfg.run_key()} ({cfg.nnodes} nodes x {cfg.nproc_per_node}, "
                     f"rendezvous {endpoint}) {why}; log: {logs[node]}\n--- last lines ---\n{tail}",
                     returncode=None if timed_out else (procs[node].returncode),
-                    log_tail=tail, run_dir=run_dir)
+                    log_tail=tail, run_dir=run_dir, status="timeout" if timed_out else "failed", error=why)
 
 
 def _echo_new(paths: list[str], offsets: list[int], out) -> None:

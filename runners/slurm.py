@@ -194,7 +194,9 @@ def run_slurm(cfg: RunConfig, *, timeout_s: float | None = None, echo=None, dry_
     err = RunFailed(f"SLURM job {job_id} (run {cfg.run_key()}, {cfg.nnodes} nodes x "
                     f"{cfg.nproc_per_node}) {why}; log: {log_path}\n--- last lines ---\n{tail}",
                     returncode=None if timed_out else _exit_status(exit_code), log_tail=tail,
-                    run_dir=run_dir)
+                    run_dir=run_dir, error=why,
+                    status=("timeout" if timed_out or state == "TIMEOUT"
+                            else "preempted" if state == "PREEMPTED" else "failed"))
     err.job_id = job_id
     raise err
 

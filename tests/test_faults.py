@@ -50,7 +50,7 @@ def test_rank_sigkilled(tmp_path, monkeypatch):
     with pytest.raises(RunFailed) as e:
         run(cfg, echo=False, timeout_s=120)
     assert e.value.status == "failed" and e.value.returncode not in (0, None)
-    assert time.monotonic() - t0 < 60
+    assert time.monotonic() - t0 < 60  # the run did not wait for a collective timeout
     [row] = manifest_rows(cfg)
     assert row["status"] == "failed" and row["exit_code"] not in (0, None)
     assert row["error"] == "rank 1 was killed by SIGKILL"
@@ -63,7 +63,7 @@ def test_hung_rank_fails_by_collective_timeout(tmp_path, monkeypatch):
     t0 = time.monotonic()
     with pytest.raises(RunFailed) as e:
         run(cfg, echo=False, timeout_s=120)
-    assert time.monotonic() - t0 < 60, "the 5 s collective timeout did not end the run"
+    assert time.monotonic() - t0 < 90, "the 5 s collective timeout did not end the run"
     assert e.value.status == "failed"
     [row] = manifest_rows(cfg)
     assert row["status"] == "failed" and "Timed out" in row["error"]
@@ -77,7 +77,7 @@ def test_run_deadline_records_timeout(tmp_path, monkeypatch):
     t0 = time.monotonic()
     with pytest.raises(RunFailed) as e:
         run(cfg, echo=False, timeout_s=10)
-    assert time.monotonic() - t0 < 45
+    assert time.monotonic() - t0 < 120  # the 10 s run deadline ended it, not the 600 s collective timeout
     assert e.value.status == "timeout" and e.value.returncode is None
     [row] = manifest_rows(cfg)
     assert row["status"] == "timeout" and row["exit_code"] is None and "deadline of 10 s" in row["error"]

@@ -96,6 +96,7 @@ def test_update_grid_distributed_without_process_group_is_local_update():
         assert torch.equal(va, vb), name
 
 
+@pytest.mark.slow
 def test_update_grid_two_gloo_ranks_agree(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

@@ -45,6 +45,8 @@ def test_scaling_table_speedup_efficiency_karp_flatt(tmp_path):
     assert t["karp_flatt"].iloc[-1] == pytest.approx(e8)
     assert np.isnan(t["karp_flatt"].iloc[0])
     assert (t["speedup_lo"] <= t["speedup"] + 1e-12).all() and (t["speedup"] <= t["speedup_hi"] + 1e-12).all()
+    assert t["speedup_lo"].iloc[0] == t["speedup_hi"].iloc[0] == 1.0  # the baseline has no spread
+    assert t["speedup_hi"].iloc[-1] > t["speedup_lo"].iloc[-1]
     assert (t["n_runs"] == 3).all()
 
 

@@ -34,18 +34,19 @@ def test_communication_builder_pairs_timed_and_noop(tmp_path):
 def test_exposed_communication_on_two_gloo_processes(tmp_path):
     base = RunConfig(widths=(2, 64, 64, 1), global_batch=128, steps=25, warmup_steps=5, n_train=2048,
                      out_dir=str(tmp_path))
-    cfgs = studies.communication([2], base, bucket_caps_mb=[25.0])
+    cfgs = studies.communication([2], base, bucket_caps_mb=[0.05, 25.0])
     res = run_sweep(cfgs, progress=False)
     assert res.ok, res.failures
     df = results.load_records(str(tmp_path))
-    timed = df[df["comm_hook"] == "timed"].iloc[0]
-    noop = df[df["comm_hook"] == "noop"].iloc[0]
-    assert timed["comm_total_s"] > 0 and timed["n_buckets"] >= 1
-    assert noop["comm_total_s"] is None or noop["comm_total_s"] != noop["comm_total_s"]  # not timed
-    t = results.communication_table(df).iloc[0]
-    assert 0 <= t["exposed_s"] <= t["comm_total_s"]
-    assert t["overlap_s"] == pytest.approx(t["comm_total_s"] - t["exposed_s"])
-    assert 0 <= t["overhead_fraction"] < 1
-    # the raw difference is kept; clipping into [0, total] is flagged, never silent
-    assert t["exposed_raw_s"] == pytest.approx(t["t_allreduce_s"] - t["t_noop_s"])
-    assert t["exposed_clipped"] == (not 0 <= t["exposed_raw_s"] <= t["comm_total_s"])
+    timed = df[df["comm_hook"] == "timed"].set_index("bucket_cap_mb")
+    noop = df[df["comm_hook"] == "noop"]
+    assert (timed["comm_total_s"] > 0).all()
+    assert noop["comm_total_s"].isna().all() and noop["n_buckets"].isna().all()  # nothing timed without network
+    # the hook saw DDP's real buckets: 43k float32 gradients (172 kB) fit one 25 MiB bucket and need more
+    # than one 0.05 MiB bucket (a parameter tensor is never split, so not 172/52 of them)
+    assert timed.loc[25.0, "n_buckets"] == 1 and timed.loc[0.05, "n_buckets"] >= 2
+    t = results.communication_table(df).set_index("bucket_cap_mb")
+    assert (t["exposed_s"] >= 0).all() and (t["exposed_s"] <= t["comm_total_s"]).all()
+    # the raw difference is kept, and clipping it into [0, total] is flagged, never silent
+    assert (t["exposed_raw_s"] == t["t_allreduce_s"] - t["t_noop_s"]).all()
+    assert (t["exposed_clipped"] == ~t["exposed_raw_s"].between(0, t["comm_total_s"])).all()
