@@ -383,6 +383,11 @@ def _topology(g: pd.DataFrame) -> dict:
             "inter_node": nodes > 1}
 
 
+def _median_ci(v, n_boot: int, seed: int) -> tuple[float, float, float]:
+    lo, hi = bootstrap_ci(v, n_boot=n_boot, seed=seed)
+    return float(np.median(v)), lo, hi
+
+
 def scaling_table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, ...] = (),
                   n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Strong-scaling table: one row per (``by`` groups, world size) with the median of ``metric``
@@ -405,8 +410,7 @@ def scaling_table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, 
         t0 = float(np.median(base))
         for n in sizes:
             v = g.loc[g["world_size"] == n, metric].to_numpy(float)
-            med = float(np.median(v))
-            lo, hi = bootstrap_ci(v, n_boot=n_boot, seed=seed)
+            med, lo, hi = _median_ci(v, n_boot, seed)
             boots = (np.median(base[rng.integers(0, base.size, (n_boot, base.size))], axis=1)
                      / np.median(v[rng.integers(0, v.size, (n_boot, v.size))], axis=1))
             sp = t0 / med * n0
@@ -423,11 +427,6 @@ def scaling_table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, 
     out = pd.DataFrame(rows)
     out["karp_flatt"] = karp_flatt(out["speedup"], out["world_size"])
     return out
-
-
-def _median_ci(v, n_boot: int, seed: int) -> tuple[float, float, float]:
-    lo, hi = bootstrap_ci(v, n_boot=n_boot, seed=seed)
-    return float(np.median(v)), lo, hi
 
 
 def weak_scaling_table(df: pd.DataFrame, by: tuple[str, ...] = ("local_batch",), n_boot: int = 2000,

@@ -324,8 +324,9 @@ def _train(cfg: RunConfig, info: DistInfo, stop: _StopRequest) -> dict | None:
         return None
 
     measured = per_step[measure_from - start_step:]
-    step_stats = summarize(measured[:, 0].tolist())
-    med = {name: summarize(measured[:, i].tolist())["median"] for i, name in enumerate(_PHASES)}
+    stats = {name: summarize(measured[:, i].tolist()) for i, name in enumerate(_PHASES)}
+    step_stats = stats["step_time_s"]
+    med = {name: s["median"] for name, s in stats.items()}
     model_path = os.path.join(run_dir, "model.pt")
     torch.save(model.state_dict(), model_path + ".tmp")
     os.replace(model_path + ".tmp", model_path)
