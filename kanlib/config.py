@@ -1,244 +1,149 @@
-"""RunConfig: one dataclass fully describing one training run.
+"""Run configurations: one typed dataclass per launchable program, checked once.
 
-Every field is typed and documented; ``__post_init__`` checks each value once and
-raises :class:`ConfigError` naming the field and the bad value, so a bad config
-fails before any process starts. ``--key=value`` overrides (the torchrun entry
-point) are parsed against the dataclass: an unknown key is an error.
+:class:`Config` is the shared machinery: every field's type comes from its annotation, and one
+generic rule (:meth:`Config._check_types`) coerces and checks every value against it - numbers to the
+declared type (so ``lr=1`` and the CLI's ``--lr=1.0`` are the same config), ``Literal[...]`` choices,
+finite floats, sequences of numbers, strings without control characters. A bad value raises
+:class:`ConfigError` naming the field, before any process starts. ``--key=value`` arguments (the
+torchrun entry points) are parsed against the same annotations; an unknown key is an error.
+
+:class:`RunConfig` describes one DDP/FSDP training run (``python -m kanlib.train``);
+``kanlib.collbench.BenchConfig`` one collective benchmark. Both have a stable :meth:`Config.run_key`
+that hashes the canonical config and the version of the code that runs it (:func:`code_version`), so
+changed code never reuses or silently pools old results.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
 import os
+import re
 import typing
 from dataclasses import dataclass, fields
+from typing import ClassVar, Literal
 
-MODELS = ("kan", "kan_rbf", "kan_cheb", "mlp")
-KAN_IMPLS = ("reference", "fast", "compiled")
-TASKS = ("exp_sin", "highdim", "product", "file")
-BACKENDS = ("auto", "gloo", "nccl")
-DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("fp32", "bf16")
-COMM_HOOKS = ("default", "timed", "noop")
-NAN_POLICIES = ("stop", "skip")
-OPTIMIZERS = ("adam", "sgd")
+Model = Literal["kan", "kan_rbf", "kan_cheb", "mlp"]
+KanImpl = Literal["reference", "fast", "compiled"]
+Backend = Literal["auto", "gloo", "nccl"]
+Device = Literal["auto", "cpu", "cuda"]
+Precision = Literal["fp32", "bf16"]
+CommHook = Literal["default", "timed", "noop", "bf16", "fp16", "powersgd"]
+NanPolicy = Literal["stop", "skip"]
+Optimizer = Literal["adam", "sgd"]
+Parallelism = Literal["ddp", "fsdp"]
+LrRule = Literal["none", "linear", "sqrt"]
 NCCL_ALGOS = ("ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
+NCCL_PROTOS = ("ll", "ll128", "simple")
 
-# Inputs of fixed width for the tasks that have one (``highdim`` takes widths[0]).
-TASK_INPUT_DIM = {"exp_sin": 2, "product": 2}
+# A study name becomes a folder name: letters, digits, '_', '-', '.', not starting with '.'.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class ConfigError(ValueError):
     """A config field holds a value that cannot run; the message names the field."""
 
 
-@dataclass
-class RunConfig:
-    """One run of DDP KAN training. Field docstrings follow each field."""
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """A hash of the source of every kanlib module a run executes (12 hex digits).
 
-    study: str = "adhoc"
-    """Name of the study this run belongs to; records are written under ``out_dir/<study>/``."""
-    model: str = "kan"
-    """Model kind: kan (exact B-spline), kan_rbf (Gaussian RBF basis), kan_cheb (Chebyshev basis), mlp."""
-    widths: tuple[int, ...] = (2, 16, 16, 1)
-    """Layer widths, input first, output last (at least two entries)."""
-    grid_size: int = 5
-    """Number of grid intervals of each spline (KAN models)."""
-    spline_order: int = 3
-    """B-spline order k (3 = cubic)."""
-    grid_range: tuple[float, float] = (-1.0, 1.0)
-    """Lower and upper end of the initial spline grid."""
-    kan_impl: str = "fast"
-    """B-spline KAN implementation: reference (Cox-de Boor recursion), fast (closed form, fused GEMM,
-    basis recomputed in backward) or compiled (fast with torch.compile'd basis kernels)."""
-    task: str = "exp_sin"
-    """Regression task: exp_sin (exp(sin(pi x1) + x2^2)), highdim (exp(mean sin^2(pi x_i/2))), product (x1 x2),
-    or file (real data from ``data_path``)."""
-    data_path: str = ""
-    """task=file: a CSV file with a header row (numeric columns) or an .npz file with arrays x and y."""
-    target: str = ""
-    """task=file, CSV: the target column (default: the last column); every other column is a feature."""
-    n_train: int = 16384
-    """Number of training samples generated from ``seed``."""
-    n_val: int = 2048
-    """Number of held-out validation samples."""
-    global_batch: int = 256
-    """Samples per optimizer step summed over all processes; split evenly across ranks."""
-    steps: int = 30
-    """Optimizer steps in total, warm-up included."""
-    warmup_steps: int = 5
-    """Leading steps excluded from timing (DDP rebuilds buckets in the first iteration)."""
-    lr: float = 1e-3
-    """Learning rate."""
-    optimizer: str = "adam"
-    """Optimizer: adam or sgd."""
-    seed: int = 0
-    """Seed of data, initialisation and sampling order."""
-    repeat: int = 0
-    """Repeat index of an otherwise identical run (each repeat is its own process group)."""
-    nnodes: int = 1
-    """Number of nodes (one torchrun per node)."""
-    nproc_per_node: int = 1
-    """Processes per node; world size = nnodes * nproc_per_node."""
-    backend: str = "auto"
-    """Process-group backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
-    device: str = "auto"
-    """Device: auto (cuda if available), cpu or cuda."""
-    threads: int = 1
-    """torch intra-op threads per process."""
-    precision: str = "fp32"
-    """fp32, or bf16 autocast with float32 master weights (CUDA)."""
-    comm_hook: str = "default"
-    """DDP communication: default (built-in all-reduce), timed (all-reduce timed per bucket), noop (no network)."""
-    nccl_algo: str = ""
-    """NCCL all-reduce algorithm exported as NCCL_ALGO (e.g. Ring, Tree); empty lets NCCL choose."""
-    bucket_cap_mb: float = 25.0
-    """DDP gradient bucket size in MiB."""
-    gradient_as_bucket_view: bool = False
-    """DDP option: gradients are views into the all-reduce buckets."""
-    static_graph: bool = False
-    """DDP option: the graph is the same every iteration."""
-    broadcast_buffers: bool = False
-    """DDP option: broadcast buffers (the KAN grids) from rank 0 before every forward. Off: the grids
-    change only in grid updates, which already leave every rank equal, so the broadcast is a wasted
-    collective per step."""
-    grid_update_every: int = 0
-    """Refit spline grids to the data (all ranks' batches) every this many steps (0 = never; kan only)."""
-    grid_eps: float = 0.02
-    """Grid update mix: 0 = knots at data quantiles, 1 = uniform knots (keeps the fast path exact-fast)."""
-    checkpoint_every: int = 0
-    """Write a checkpoint every this many steps (0 = never)."""
-    nan_policy: str = "stop"
-    """On a non-finite loss on any rank: stop the run, or skip the step on every rank."""
-    pg_timeout_s: float = 300.0
-    """Process-group collective timeout in seconds (a hung rank fails the run after this)."""
-    out_dir: str = "outputs"
-    """Root output folder; the run writes to ``out_dir/<study>/<run_key>/``."""
+    Hashes the files themselves, so a committed change and an uncommitted edit both give a new
+    version (``git_sha`` in the record says which commit, ``-dirty`` when edited). Analysis-only
+    modules (tables, figures, report) are left out: changing how results are drawn does not make
+    the measurements stale. ``KANLIB_CODE_VERSION`` overrides it (tests).
+    """
+    forced = os.environ.get("KANLIB_CODE_VERSION")
+    if forced:
+        return forced
+    here = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py") and name[:-3] not in ANALYSIS_MODULES:
+            with open(os.path.join(here, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()[:12]
+
+
+_code_version = code_version  # run_key's parameter shadows the name
+
+
+# Modules that only read records (no effect on what a run measures); see code_version().
+ANALYSIS_MODULES = ("results", "plots", "report", "guidelines", "commmodel", "presets")
+
+
+@dataclass
+class Config:
+    """Shared machinery of typed, validated, CLI-parsable run configs (subclasses are dataclasses)."""
+
+    ENTRY: ClassVar[str] = ""
+    """The module torchrun runs for this kind of config (``python -m <ENTRY> --key=value ...``)."""
+    NAME_FIELDS: ClassVar[tuple[str, ...]] = ()
+    """Fields that become folder or job names: restricted to letters, digits, '_', '-' and '.'."""
 
     def __post_init__(self) -> None:
-        # Coerce numbers to the declared types, so RunConfig(lr=1) and the CLI's --lr=1.0 are the
-        # same config (the same run_key) and a bool given as a string is refused.
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.type in ("float", float) and isinstance(v, int) and not isinstance(v, bool):
-                setattr(self, f.name, float(v))
-            elif f.type in ("int", int) and isinstance(v, float) and v.is_integer():
-                setattr(self, f.name, int(v))
-            elif f.type in ("bool", bool) and not isinstance(v, bool):
-                raise ConfigError(f"{f.name}: must be true or false, got {v!r}")
-            want = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else "")
-            v = getattr(self, f.name)
-            if want is not None and (not isinstance(v, want) or isinstance(v, bool)):
-                raise ConfigError(f"{f.name}: expected {want.__name__}, got {v!r}")
-            if f.type.startswith("tuple") and not (isinstance(v, (tuple, list))
-                                                   and all(isinstance(e, (int, float)) and not isinstance(e, bool)
-                                                           for e in v)):
-                raise ConfigError(f"{f.name}: expected a sequence of numbers, got {v!r}")
-        self.widths = tuple(int(w) for w in self.widths)
-        self.grid_range = tuple(float(v) for v in self.grid_range)
-        _choice(self, "model", MODELS)
-        _choice(self, "kan_impl", KAN_IMPLS)
-        _choice(self, "task", TASKS)
-        _choice(self, "backend", BACKENDS)
-        _choice(self, "device", DEVICES)
-        _choice(self, "precision", PRECISIONS)
-        _choice(self, "comm_hook", COMM_HOOKS)
-        _choice(self, "nan_policy", NAN_POLICIES)
-        _choice(self, "optimizer", OPTIMIZERS)
-        if len(self.widths) < 2:
-            raise ConfigError(f"widths: need at least 2 entries (input, output), got {list(self.widths)}")
-        if any(w <= 0 for w in self.widths):
-            raise ConfigError(f"widths: every width must be positive, got {list(self.widths)}")
-        for name in ("grid_size", "spline_order", "n_train", "n_val", "global_batch", "steps",
-                     "nnodes", "nproc_per_node", "threads"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be positive, got {getattr(self, name)!r}")
-        for name in ("warmup_steps", "repeat", "seed", "grid_update_every", "checkpoint_every"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
-        if self.warmup_steps >= self.steps:
-            raise ConfigError(f"warmup_steps: must be smaller than steps={self.steps}, got {self.warmup_steps}")
-        if not 0.0 <= self.grid_eps <= 1.0:
-            raise ConfigError(f"grid_eps: must be in [0, 1], got {self.grid_eps!r}")
-        if self.grid_update_every and self.model != "kan":
-            raise ConfigError(f"grid_update_every: grid updates refit B-spline grids, but model={self.model!r}")
-        if not self.lr > 0:
-            raise ConfigError(f"lr: must be positive, got {self.lr!r}")
-        if not self.bucket_cap_mb > 0:
-            raise ConfigError(f"bucket_cap_mb: must be positive, got {self.bucket_cap_mb!r}")
-        if not self.pg_timeout_s > 0:
-            raise ConfigError(f"pg_timeout_s: must be positive, got {self.pg_timeout_s!r}")
-        lo, hi = self.grid_range if len(self.grid_range) == 2 else (0.0, 0.0)
-        if len(self.grid_range) != 2 or not lo < hi:
-            raise ConfigError(f"grid_range: need (low, high) with low < high, got {self.grid_range}")
-        if self.task == "file":
-            if not self.data_path:
-                raise ConfigError("data_path: task 'file' needs a data file (CSV or .npz), got ''")
-            if not os.path.isfile(self.data_path):
-                raise ConfigError(f"data_path: no such file {self.data_path!r}")
-            if not self.data_path.endswith((".csv", ".npz")):
-                raise ConfigError(f"data_path: expected a .csv or .npz file, got {self.data_path!r}")
-        elif self.data_path or self.target:
-            raise ConfigError(f"data_path: only task 'file' reads a data file, but task={self.task!r}")
-        want = TASK_INPUT_DIM.get(self.task)
-        if want is not None and self.widths[0] != want:
-            raise ConfigError(f"widths: task {self.task!r} has {want} inputs, but widths[0]={self.widths[0]}")
-        if self.widths[-1] != 1:
-            raise ConfigError(f"widths: the regression tasks have 1 output, but widths[-1]={self.widths[-1]}")
-        if self.global_batch % self.world_size:
-            raise ConfigError(
-                f"global_batch: {self.global_batch} is not divisible by the world size "
-                f"{self.world_size} (nnodes={self.nnodes} x nproc_per_node={self.nproc_per_node})")
-        if self.global_batch > self.n_train and self.task != "file":
-            raise ConfigError(f"global_batch: {self.global_batch} exceeds n_train={self.n_train}")
-        if self.nccl_algo and self.nccl_algo.split(",")[0].split(":")[-1].lower() not in NCCL_ALGOS:
-            raise ConfigError(f"nccl_algo: unknown value {self.nccl_algo!r}; choose from {', '.join(NCCL_ALGOS)}")
-        if self.nccl_algo and (self.backend == "gloo" or self.device == "cpu"):
-            raise ConfigError(f"nccl_algo: {self.nccl_algo!r} needs the nccl backend, got backend={self.backend!r}")
-        if self.backend == "nccl" and self.device == "cpu":
-            raise ConfigError("backend: 'nccl' needs device cuda, got device='cpu'")
+        self._check_types()
+        self.validate()
 
-    # -- derived ----------------------------------------------------------------------
+    def validate(self) -> None:
+        """Cross-field checks of a subclass (the generic type rule has run)."""
+
+    # -- the one type rule ---------------------------------------------------------------
+    def _check_types(self) -> None:
+        hints = _hints(type(self))
+        for f in fields(self):
+            setattr(self, f.name, _coerce(f.name, getattr(self, f.name), hints[f.name]))
+        for name in self.NAME_FIELDS:
+            v = getattr(self, name)
+            if not _NAME.fullmatch(v) or ".." in v:
+                raise ConfigError(f"{name}: {v!r} is not a name (letters, digits, '_', '-', '.'; "
+                                  f"not a path, no leading '.')")
+
+    # -- derived -------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
-        """Total number of processes."""
+        """Total number of processes: ``nnodes * nproc_per_node``."""
         return self.nnodes * self.nproc_per_node
 
     @property
-    def local_batch(self) -> int:
-        """Samples per process per step."""
-        return self.global_batch // self.world_size
+    def placement(self) -> str:
+        """``"NxP"``: N nodes x P processes per node."""
+        return f"{self.nnodes}x{self.nproc_per_node}"
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict of every field (tuples become lists)."""
         return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
 
-    def replace(self, **changes) -> "RunConfig":
+    def replace(self, **changes):
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    def key_prefix(self) -> str:
+        """The readable start of :meth:`run_key`."""
+        return f"w{self.placement}-r{self.repeat}"
+
     def run_key(self, code_version: str | None = None) -> str:
-        """Stable key of this run: the study, a readable prefix and a hash of the canonical config.
+        """Stable key of this run: a readable prefix and a hash of the canonical config and code.
 
-        ``out_dir`` is left out (moving a study keeps its keys); ``code_version``
-        (default: the package version) is hashed in, so changed code reruns.
+        ``out_dir`` is left out (moving a study keeps its keys); ``code_version`` (default
+        :func:`code_version`) is hashed in, so changed code reruns instead of reusing old records.
         """
-        from kanlib import __version__
-
         d = self.to_dict()
-        d.pop("out_dir")
-        d["code_version"] = code_version or __version__
+        d.pop("out_dir", None)
+        d["code_version"] = code_version or _code_version()
+        d["kind"] = type(self).__name__
         digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
-        return (f"{self.model}-w{self.nnodes}x{self.nproc_per_node}-b{self.global_batch}"
-                f"-r{self.repeat}-{digest}")
+        return f"{self.key_prefix()}-{digest}"
 
     def run_dir(self) -> str:
         """Folder of this run's files: ``out_dir/<study>/<run_key>``."""
         return os.path.join(self.out_dir, self.study, self.run_key())
 
-    # -- command line -----------------------------------------------------------------
+    # -- command line --------------------------------------------------------------------
     def to_cli(self) -> list[str]:
         """``--key=value`` arguments that :meth:`from_cli` turns back into this config."""
         out = []
@@ -246,13 +151,15 @@ class RunConfig:
             v = getattr(self, f.name)
             if isinstance(v, tuple):
                 v = ",".join(repr(x) if isinstance(x, float) else str(x) for x in v)
+            elif isinstance(v, float):
+                v = repr(v)
             out.append(f"--{f.name}={v}")
         return out
 
     @classmethod
-    def from_cli(cls, argv: list[str]) -> "RunConfig":
-        """Parse ``--key=value`` arguments, type-checked against the fields."""
-        hints = typing.get_type_hints(cls)
+    def from_cli(cls, argv: list[str]):
+        """Parse ``--key=value`` arguments against the field annotations."""
+        hints = _hints(cls)
         kwargs = {}
         for arg in argv:
             if not arg.startswith("--") or "=" not in arg:
@@ -262,40 +169,258 @@ class RunConfig:
             if key not in hints:
                 known = ", ".join(f.name for f in fields(cls))
                 raise ConfigError(f"{key}: unknown config field (known: {known})")
-            kwargs[key] = _parse(key, raw, hints[key])
+            kwargs[key] = _from_text(key, raw, hints[key])
         return cls(**kwargs)
 
-
-def field_docs() -> dict[str, str]:
-    """Field name -> its docstring, read from this module's source (for docs and notebooks)."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(RunConfig))
-    body = tree.body[0].body
-    docs = {}
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
-            docs[a.target.id] = b.value.value
-    return docs
+    @classmethod
+    def field_docs(cls) -> dict[str, str]:
+        """Field name -> its docstring, read from the class source (for docs and notebooks)."""
+        return field_docs(cls)
 
 
-def _choice(cfg: RunConfig, name: str, allowed: tuple[str, ...]) -> None:
-    v = getattr(cfg, name)
-    if v not in allowed:
-        raise ConfigError(f"{name}: unknown value {v!r}; choose one of {', '.join(allowed)}")
+@dataclass
+class RunConfig(Config):
+    """One run of data-parallel KAN training. Field docstrings follow each field."""
+
+    ENTRY: ClassVar[str] = "kanlib.train"
+    NAME_FIELDS: ClassVar[tuple[str, ...]] = ("study",)
+
+    study: str = "adhoc"
+    """Name of the study this run belongs to; records are written under ``out_dir/<study>/``."""
+    model: Model = "kan"
+    """Model kind: kan (exact B-spline), kan_rbf (Gaussian RBF basis), kan_cheb (Chebyshev basis), mlp."""
+    widths: tuple[int, ...] = (2, 16, 16, 1)
+    """Layer widths, input first, output last (at least two entries)."""
+    grid_size: int = 5
+    """Number of grid intervals of each spline (KAN models)."""
+    spline_order: int = 3
+    """B-spline order k (3 = cubic)."""
+    grid_range: tuple[float, float] = (-1.0, 1.0)
+    """Lower and upper end of the initial spline grid."""
+    kan_impl: KanImpl = "fast"
+    """B-spline KAN implementation: compiled (closed form with torch.compile'd kernels; falls back to
+    fast, with a warning, where compilation fails), fast (the same closed form, eager) or reference
+    (Cox-de Boor recursion). All three compute the same function; the record says which ran."""
+    task: str = "exp_sin"
+    """Task (kanlib.data): exp_sin, highdim, product (synthetic regression), digits (classification),
+    diabetes (regression), feynman:<name> (a Feynman equation), or file (real data from ``data_path``)."""
+    data_path: str = ""
+    """task=file: a CSV file with a header row (numeric columns) or an .npz file with arrays x and y."""
+    target: str = ""
+    """task=file, CSV: the target column (default: the last column); every other column is a feature."""
+    n_train: int = 16384
+    """Training samples: generated from ``seed`` (synthetic tasks), or at most this many rows (data sets)."""
+    n_val: int = 2048
+    """Held-out validation samples."""
+    global_batch: int = 256
+    """Samples per optimizer step summed over all processes; split evenly across ranks."""
+    steps: int = 30
+    """Optimizer steps in total, warm-up included."""
+    warmup_steps: int = 5
+    """Leading steps excluded from timing (compilation, DDP's bucket rebuild in the first iteration)."""
+    lr: float = 1e-3
+    """Learning rate (before ``lr_rule`` and ``lr_warmup_steps``)."""
+    lr_rule: LrRule = "none"
+    """Learning-rate scaling with the global batch: none, linear (lr * B / lr_base_batch) or sqrt
+    (lr * sqrt(B / lr_base_batch))."""
+    lr_base_batch: int = 0
+    """The global batch ``lr`` is tuned for (needed by lr_rule linear or sqrt)."""
+    lr_warmup_steps: int = 0
+    """Steps of linear learning-rate warm-up from lr/steps to the scaled lr (0 = none)."""
+    optimizer: Optimizer = "adam"
+    """Optimizer: adam or sgd."""
+    seed: int = 0
+    """Seed of data, initialisation and sampling order."""
+    repeat: int = 0
+    """Repeat index of an otherwise identical run (each repeat is its own process group)."""
+    nnodes: int = 1
+    """Number of nodes (one torchrun per node)."""
+    nproc_per_node: int = 1
+    """Processes per node; world size = nnodes * nproc_per_node."""
+    backend: Backend = "auto"
+    """Process-group backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
+    device: Device = "auto"
+    """Device: auto (cuda if available), cpu or cuda."""
+    threads: int = 1
+    """torch intra-op threads per process."""
+    precision: Precision = "fp32"
+    """fp32, or bf16 autocast with float32 master weights."""
+    parallelism: Parallelism = "ddp"
+    """Data parallelism: ddp (replicated parameters, all-reduced gradients) or fsdp (parameters,
+    gradients and optimizer state sharded across ranks with torch.distributed.fsdp.fully_shard)."""
+    comm_hook: CommHook = "default"
+    """DDP gradient communication: default (DDP's built-in all-reduce), timed (all-reduce timed per
+    bucket), noop (no network; for exposed communication), bf16 / fp16 (all-reduce of a compressed
+    copy, timed), powersgd (low-rank PowerSGD, timed; rank ``powersgd_rank``)."""
+    powersgd_rank: int = 1
+    """comm_hook=powersgd: rank of the low-rank gradient approximation."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; gradients are all-reduced once per step (DDP no_sync on the
+    others). The global batch stays the samples per optimizer step."""
+    nccl_algo: str = ""
+    """NCCL all-reduce algorithm (e.g. Ring, Tree), applied to all-reduce only; empty lets NCCL choose."""
+    nccl_proto: str = ""
+    """NCCL protocol (LL, LL128, Simple), applied to all-reduce only; empty lets NCCL choose."""
+    bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size in MiB (DDP's first bucket is 1 MiB regardless)."""
+    gradient_as_bucket_view: bool = False
+    """DDP option: gradients are views into the all-reduce buckets (saves a copy and memory)."""
+    static_graph: bool = False
+    """DDP option: the graph is the same every iteration."""
+    broadcast_buffers: bool = False
+    """DDP option: broadcast buffers (the KAN grids) from rank 0 before every forward. Off: the grids
+    change only in grid updates, which already leave every rank equal, so the broadcast is a wasted
+    collective per step."""
+    emulate_latency_s: float = 0.0
+    """Emulated inter-node link latency per message (s); only for runs with nnodes > 1 (0 = off).
+    Each bucket's all-reduce is delayed by what a ring all-reduce costs on such a link (docs/measurement.md)."""
+    emulate_bandwidth_bytes_per_s: float = 0.0
+    """Emulated inter-node link bandwidth (bytes/s); only for nnodes > 1 (0 = no limit)."""
+    grid_update_every: int = 0
+    """Refit spline grids to the data (all ranks' batches) every this many steps (0 = never; kan only)."""
+    grid_eps: float = 0.02
+    """Grid update mix: 0 = knots at data quantiles, 1 = uniform knots (keeps the closed-form path exact)."""
+    eval_every: int = 0
+    """Evaluate the validation loss every this many steps, outside the timed region (0 = at the end only)."""
+    target_val_loss: float = 0.0
+    """Stop once the validation loss is at most this (needs eval_every; 0 = train all steps)."""
+    checkpoint_every: int = 0
+    """Write a checkpoint every this many steps (0 = never)."""
+    nan_policy: NanPolicy = "stop"
+    """On a non-finite loss on any rank: stop the run, or skip the step on every rank."""
+    pg_timeout_s: float = 300.0
+    """Process-group collective timeout in seconds (a hung rank fails the run after this)."""
+    out_dir: str = "outputs"
+    """Root output folder; the run writes to ``out_dir/<study>/<run_key>/``."""
+
+    def validate(self) -> None:
+        if len(self.widths) < 2:
+            raise ConfigError(f"widths: need at least 2 entries (input, output), got {list(self.widths)}")
+        if any(w <= 0 for w in self.widths):
+            raise ConfigError(f"widths: every width must be positive, got {list(self.widths)}")
+        _at_least(self, 1, "grid_size", "spline_order", "n_train", "n_val", "global_batch", "steps", "nnodes",
+                  "nproc_per_node", "threads", "powersgd_rank", "grad_accum_steps")
+        _at_least(self, 0, "warmup_steps", "repeat", "seed", "grid_update_every", "checkpoint_every",
+                  "lr_base_batch", "lr_warmup_steps", "eval_every")
+        _positive(self, "lr", "bucket_cap_mb", "pg_timeout_s")
+        _non_negative(self, "emulate_latency_s", "emulate_bandwidth_bytes_per_s", "target_val_loss")
+        if self.warmup_steps >= self.steps:
+            raise ConfigError(f"warmup_steps: must be smaller than steps={self.steps}, got {self.warmup_steps}")
+        if not 0.0 <= self.grid_eps <= 1.0:
+            raise ConfigError(f"grid_eps: must be in [0, 1], got {self.grid_eps!r}")
+        if self.grid_update_every and self.model != "kan":
+            raise ConfigError(f"grid_update_every: grid updates refit B-spline grids, but model={self.model!r}")
+        lo, hi = self.grid_range if len(self.grid_range) == 2 else (0.0, 0.0)
+        if len(self.grid_range) != 2 or not lo < hi:
+            raise ConfigError(f"grid_range: need (low, high) with low < high, got {self.grid_range}")
+        if self.global_batch % self.world_size:
+            raise ConfigError(
+                f"global_batch: {self.global_batch} is not divisible by the world size "
+                f"{self.world_size} (nnodes={self.nnodes} x nproc_per_node={self.nproc_per_node})")
+        if self.local_batch % self.grad_accum_steps:
+            raise ConfigError(f"grad_accum_steps: the per-process batch {self.local_batch} is not divisible "
+                              f"into {self.grad_accum_steps} micro-batches")
+        if self.lr_rule != "none" and not self.lr_base_batch:
+            raise ConfigError(f"lr_base_batch: lr_rule={self.lr_rule!r} scales lr by global_batch / lr_base_batch; "
+                              f"set the batch lr is tuned for")
+        if self.target_val_loss and not self.eval_every:
+            raise ConfigError("eval_every: target_val_loss is checked at evaluations; set eval_every > 0")
+        self._validate_comm()
+        if self.backend == "nccl" and self.device == "cpu":
+            raise ConfigError("backend: 'nccl' needs device cuda, got device='cpu'")
+        from kanlib.data import check_task  # the task and data-file checks live with the data
+
+        check_task(self)
+
+    def _validate_comm(self) -> None:
+        for name, allowed in (("nccl_algo", NCCL_ALGOS), ("nccl_proto", NCCL_PROTOS)):
+            v = getattr(self, name)
+            if v and v.lower() not in allowed:
+                raise ConfigError(f"{name}: unknown value {v!r}; choose from {', '.join(allowed)} (any case)")
+            if v and (self.backend == "gloo" or self.device == "cpu"):
+                raise ConfigError(f"{name}: {v!r} is an NCCL setting, but backend={self.backend!r}, "
+                                  f"device={self.device!r} (gloo would ignore it)")
+        emulated = self.emulate_latency_s > 0 or self.emulate_bandwidth_bytes_per_s > 0
+        if emulated and self.comm_hook in ("default", "noop"):
+            raise ConfigError(f"emulate_latency_s: the emulated link is a communication hook; it needs comm_hook "
+                              f"timed, bf16, fp16 or powersgd, got comm_hook={self.comm_hook!r}")
+        if self.parallelism == "fsdp":
+            for name, off in (("comm_hook", "default"), ("grad_accum_steps", 1), ("grid_update_every", 0),
+                              ("static_graph", False), ("gradient_as_bucket_view", False)):
+                if getattr(self, name) != off:
+                    raise ConfigError(f"{name}: a DDP option; parallelism='fsdp' needs {name}={off!r}, "
+                                      f"got {getattr(self, name)!r}")
+
+    @property
+    def local_batch(self) -> int:
+        """Samples per process per optimizer step."""
+        return self.global_batch // self.world_size
+
+    @property
+    def emulated_link(self) -> bool:
+        """Whether this run's gradient all-reduce goes through an emulated inter-node link."""
+        return self.nnodes > 1 and (self.emulate_latency_s > 0 or self.emulate_bandwidth_bytes_per_s > 0)
+
+    def key_prefix(self) -> str:
+        return f"{self.model}-w{self.placement}-b{self.global_batch}-r{self.repeat}"
 
 
-def _jsonable(v):
-    return list(v) if isinstance(v, tuple) else v
+# -- the generic rule ------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
 
 
-def _parse(key: str, raw: str, hint):
+def _coerce(name: str, v, hint):
+    """``v`` as the type ``hint`` declares, or :class:`ConfigError` naming ``name``."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if v not in allowed:
+            raise ConfigError(f"{name}: unknown value {v!r}; choose one of {', '.join(map(str, allowed))}")
+        return v
+    if hint is bool:
+        if not isinstance(v, bool):
+            raise ConfigError(f"{name}: must be true or false, got {v!r}")
+        return v
+    if hint is int:
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ConfigError(f"{name}: expected an integer, got {v!r}")
+        return v
+    if hint is float:
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        if not isinstance(v, float):
+            raise ConfigError(f"{name}: expected a number, got {v!r}")
+        if not math.isfinite(v):
+            raise ConfigError(f"{name}: must be a finite number, got {v!r}")
+        return v
+    if hint is str:
+        if not isinstance(v, str):
+            raise ConfigError(f"{name}: expected a string, got {v!r}")
+        if _CONTROL.search(v):
+            raise ConfigError(f"{name}: control characters (newline, tab, ...) are not allowed, got {v!r}")
+        return v
+    if origin is tuple:
+        args = typing.get_args(hint)
+        elem = args[0]
+        if isinstance(v, (str, bytes)) or not isinstance(v, (tuple, list)):
+            raise ConfigError(f"{name}: expected a sequence of numbers, got {v!r}")
+        if len(args) != 2 or args[1] is not Ellipsis:
+            if len(v) != len(args):
+                raise ConfigError(f"{name}: expected {len(args)} numbers, got {v!r}")
+        return tuple(_coerce(name, e, elem) for e in v)
+    raise TypeError(f"{name}: config fields of type {hint!r} are not supported")
+
+
+def _from_text(name: str, raw: str, hint):
+    """A CLI string turned into the Python value ``hint`` asks for (checked afterwards by _coerce)."""
     origin = typing.get_origin(hint)
     try:
         if origin is tuple:
-            args = typing.get_args(hint)
-            elem = args[0]
+            elem = typing.get_args(hint)[0]
             return tuple(elem(x) for x in raw.split(",") if x.strip() != "")
         if hint is bool:
             low = raw.lower()
@@ -310,7 +435,44 @@ def _parse(key: str, raw: str, hint):
             return float(raw)
         return raw
     except ValueError:
-        raise ConfigError(f"{key}: cannot read {raw!r} as {getattr(hint, '__name__', hint)}") from None
+        raise ConfigError(f"{name}: cannot read {raw!r} as {getattr(hint, '__name__', hint)}") from None
 
 
-__all__ = ["RunConfig", "ConfigError", "field_docs", "MODELS", "TASKS"]
+def _at_least(cfg, low: int, *names: str) -> None:
+    for name in names:
+        if getattr(cfg, name) < low:
+            raise ConfigError(f"{name}: must be {'positive' if low == 1 else f'>= {low}'}, got {getattr(cfg, name)!r}")
+
+
+def _positive(cfg, *names: str) -> None:
+    for name in names:
+        if not getattr(cfg, name) > 0:
+            raise ConfigError(f"{name}: must be positive, got {getattr(cfg, name)!r}")
+
+
+def _non_negative(cfg, *names: str) -> None:
+    for name in names:
+        if not getattr(cfg, name) >= 0:
+            raise ConfigError(f"{name}: must be >= 0, got {getattr(cfg, name)!r}")
+
+
+def _jsonable(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+def field_docs(cls=RunConfig) -> dict[str, str]:
+    """Field name -> its docstring, read from the source of ``cls`` (for docs and notebooks)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for a, b in zip(body, body[1:]):
+        if (isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+                and "ClassVar" not in ast.unparse(a.annotation)):
+            docs[a.target.id] = b.value.value
+    return docs
+
+
+__all__ = ["Config", "RunConfig", "ConfigError", "field_docs", "code_version"]

@@ -10,8 +10,12 @@ run sees depends only on the config, never on the number of processes.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
+
+# Inputs of fixed width for the tasks that have one (``highdim`` takes widths[0]).
+TASK_INPUT_DIM = {"exp_sin": 2, "product": 2}
 
 TASK_DOCS = {
     "exp_sin": "f(x1, x2) = exp(sin(pi x1) + x2^2)  (KAN paper, Fig. 2)",
@@ -160,6 +164,41 @@ class FileRegression(RegressionData):
         self.path, self.x_scale = path, (lo, span)
         self.y_mean, self.y_std = float(mu), float(sd)
         super().__init__(xs[tr], ys[tr], xs[va], ys[va], seed, "file")
+
+
+def check_task(cfg) -> None:
+    """Refuse, naming the field, a task or data file the config cannot train on (called by RunConfig).
+
+    Reads only a data file's header (CSV) or array shapes (NPZ), never the whole file.
+    """
+    from kanlib.config import ConfigError
+
+    known = (*TASK_DOCS, "file")
+    if cfg.task not in known:
+        raise ConfigError(f"task: unknown value {cfg.task!r}; choose one of {', '.join(known)}")
+    if cfg.task == "file":
+        if not cfg.data_path:
+            raise ConfigError("data_path: task 'file' needs a data file (CSV or .npz), got ''")
+        if not os.path.isfile(cfg.data_path):
+            raise ConfigError(f"data_path: no such file {cfg.data_path!r}")
+        if not cfg.data_path.endswith((".csv", ".npz")):
+            raise ConfigError(f"data_path: expected a .csv or .npz file, got {cfg.data_path!r}")
+        try:
+            names = file_features(cfg.data_path, cfg.target)
+        except ValueError as e:
+            raise ConfigError(f"data_path: {e}") from None
+        if len(names) != cfg.widths[0]:
+            raise ConfigError(f"widths: {cfg.data_path} has {len(names)} features ({', '.join(names)}), "
+                              f"but widths[0]={cfg.widths[0]}")
+    elif cfg.data_path or cfg.target:
+        raise ConfigError(f"data_path: only task 'file' reads a data file, but task={cfg.task!r}")
+    want = TASK_INPUT_DIM.get(cfg.task)
+    if want is not None and cfg.widths[0] != want:
+        raise ConfigError(f"widths: task {cfg.task!r} has {want} inputs, but widths[0]={cfg.widths[0]}")
+    if cfg.widths[-1] != 1:
+        raise ConfigError(f"widths: the regression tasks have 1 output, but widths[-1]={cfg.widths[-1]}")
+    if cfg.global_batch > cfg.n_train and cfg.task != "file":
+        raise ConfigError(f"global_batch: {cfg.global_batch} exceeds n_train={cfg.n_train}")
 
 
 def make_dataset(cfg) -> RegressionData:

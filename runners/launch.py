@@ -69,16 +69,6 @@ def check_environment(cfg: RunConfig) -> None:
         raise ConfigError(f"nproc_per_node: {cfg.nproc_per_node} CPU processes per node but only "
                           f"{available_cpus()} CPU cores are available to this process (the "
                           f"processes would share cores and the timings would mean nothing)")
-    if cfg.task == "file":
-        from kanlib.data import file_features
-
-        try:
-            names = file_features(cfg.data_path, cfg.target)
-        except ValueError as e:
-            raise ConfigError(f"data_path: {e}") from None
-        if len(names) != cfg.widths[0]:
-            raise ConfigError(f"widths: {cfg.data_path} has {len(names)} features ({', '.join(names)}), "
-                              f"but widths[0]={cfg.widths[0]}")
 
 
 def torchrun_command(cfg: RunConfig, *, python: str = sys.executable, standalone: bool = True,
