@@ -50,6 +50,25 @@ class RegressionData:
         self.n_train, self.n_val = x_train.shape[0], x_val.shape[0]
         self._perm_epoch, self._perm = -1, None
 
+    kind = "regression"
+    chance_accuracy = None
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The training loss of predictions ``out: (b, out_dim)`` against ``y``: mean squared error."""
+        return torch.nn.functional.mse_loss(out.float(), y)
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, device, chunk: int = 8192) -> dict:
+        """``{"val_loss": ..., "val_accuracy": None}`` of ``model`` on the validation set, in chunks."""
+        was_training = model.training
+        model.eval()
+        total = 0.0
+        for i in range(0, self.n_val, chunk):
+            xb, yb = self.x_val[i:i + chunk].to(device), self.y_val[i:i + chunk].to(device)
+            total += torch.nn.functional.mse_loss(model(xb).float(), yb, reduction="sum").item()
+        model.train(was_training)
+        return {"val_loss": total / self.n_val, "val_accuracy": None}
+
     def _permutation(self, epoch: int) -> torch.Tensor:
         if epoch != self._perm_epoch:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch + 1)

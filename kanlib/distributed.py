@@ -1,12 +1,16 @@
-"""Process-group set-up from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE).
+"""Process-group set-up from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE), and the few
+collectives the training loop itself issues.
 
-nccl on CUDA, gloo on CPU; a single process without torch.distributed when RANK is unset.
+nccl on CUDA, gloo on CPU; a single process without torch.distributed when RANK is unset. Every
+collective here moves its tensor to ``info.device`` first: an nccl group handles CUDA tensors only.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import signal
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -50,12 +54,37 @@ def resolve_backend(backend: str, device: str) -> str:
     return backend
 
 
+def nccl_env(algo: str, proto: str) -> dict[str, str]:
+    """NCCL variables restricting the all-reduce algorithm and protocol, and only all-reduce.
+
+    Tree exists for all-reduce only, so a plain ``NCCL_ALGO=Tree`` makes broadcast and all-gather fail
+    on some NCCL versions ("no algorithm/protocol available"); the per-collective form
+    ``allreduce:<value>`` (NCCL >= 2.24) limits it to all-reduce. Older NCCL does not parse that form,
+    so there the plain value is used. Empty values set nothing (NCCL chooses).
+    """
+    out = {}
+    per_collective = _nccl_version() >= (2, 24, 0)
+    for var, value in (("NCCL_ALGO", algo), ("NCCL_PROTO", proto)):
+        if value:
+            out[var] = f"allreduce:{value}" if per_collective else value
+    return out
+
+
+def _nccl_version() -> tuple[int, ...]:
+    try:
+        return tuple(torch.cuda.nccl.version())
+    except Exception:  # no NCCL in this build
+        return (0,)
+
+
 def setup(cfg) -> DistInfo:
     """Initialise the process group (if launched by torchrun) and pick this rank's device."""
     torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     if "RANK" not in os.environ:
         dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+        if device == "cuda":
+            torch.cuda.set_device(dev)
         return DistInfo(0, 0, 1, dev, None)
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -65,11 +94,12 @@ def setup(cfg) -> DistInfo:
             f"WORLD_SIZE={world} from the launcher does not match the config's "
             f"nnodes x nproc_per_node = {cfg.nnodes} x {cfg.nproc_per_node}")
     backend = resolve_backend(cfg.backend, device)
-    if cfg.nccl_algo:
-        os.environ["NCCL_ALGO"] = cfg.nccl_algo  # read by NCCL at communicator creation; recorded in env
+    if backend == "nccl":
+        os.environ.update(nccl_env(getattr(cfg, "nccl_algo", ""), getattr(cfg, "nccl_proto", "")))
     if device == "cuda":
         if local_rank >= torch.cuda.device_count():
-            raise RuntimeError(f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} CUDA devices")
+            raise RuntimeError(f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} CUDA devices "
+                               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
         dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
     else:
@@ -89,3 +119,88 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued device work so a host clock reads the true time."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+# -- the training loop's own collectives (tensors on info.device) -------------------------------------
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def all_reduce(t: torch.Tensor, info: DistInfo, op: str = "sum") -> torch.Tensor:
+    """``t`` reduced over all ranks by ``op`` (sum, max, min), computed on the device; a CPU copy."""
+    if not info.distributed:
+        return t.detach().cpu()
+    dt = t.detach().to(info.device).clone()
+    dist.all_reduce(dt, op=_OPS[op])
+    return dt.cpu()
+
+
+def all_gather(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Every rank's ``t`` stacked in rank order: ``(world, *t.shape)``, gathered on the device; a CPU copy."""
+    if not info.distributed:
+        return t.detach().cpu().unsqueeze(0)
+    dt = t.detach().to(info.device).reshape(-1).contiguous()
+    out = torch.empty(info.world_size * dt.numel(), dtype=dt.dtype, device=info.device)
+    dist.all_gather_into_tensor(out, dt)
+    return out.view(info.world_size, *t.shape).cpu()
+
+
+def broadcast(t: torch.Tensor, info: DistInfo, src: int = 0) -> torch.Tensor:
+    """Rank ``src``'s ``t`` on every rank (on the device); a CPU copy."""
+    if not info.distributed:
+        return t.detach().cpu()
+    dt = t.detach().to(info.device).clone()
+    dist.broadcast(dt, src=src)
+    return dt.cpu()
+
+
+def barrier(info: DistInfo) -> None:
+    if info.distributed:
+        dist.barrier()
+
+
+class AsyncFlag:
+    """A flag (e.g. "stop requested") agreed by all ranks without blocking the step: :meth:`start`
+    launches an all-reduce (max) of this rank's value, :meth:`result` waits for it (normally long done)
+    and says whether any rank raised it. All ranks call both at the same points."""
+
+    def __init__(self, info: DistInfo):
+        self.info = info
+        self._t = torch.zeros(1, dtype=torch.float32, device=info.device)
+        self._work = None
+        self._local = False
+
+    def start(self, value: bool) -> None:
+        self._local = bool(value)
+        if not self.info.distributed:
+            return
+        self._t.fill_(float(value))
+        self._work = dist.all_reduce(self._t, op=dist.ReduceOp.MAX, async_op=True)
+
+    def result(self) -> bool:
+        if self._work is None:
+            return self._local
+        self._work.wait()
+        self._work = None
+        return bool(self._t.item() > 0)
+
+
+# -- dying with the launcher --------------------------------------------------------------------------
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_launcher() -> None:
+    """Arrange (Linux) for this process to be killed when its parent (torchrun) dies, and exit now if
+    it already has. torchrun starts each worker in a session of its own, so killing torchrun alone
+    would otherwise leave the workers training, reparented to PID 1, writing files for a run the
+    runner has recorded as failed."""
+    if not sys.platform.startswith("linux") or "RANK" not in os.environ:
+        return
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent or parent == 1:  # the parent died before the signal was armed
+        os._exit(1)

@@ -1,76 +1,58 @@
-"""Measurements of a run: phase timing, communication timing hooks, peak memory, summaries.
+"""Measurements of a run: phase timing, peak memory, process start, summaries.
 
 Definitions (also in docs/measurement.md):
-- step time: wall time of forward + backward + optimizer of one step, the device synchronised
-  before each clock read; a run's step time is the median over measured (post-warm-up) steps
-  of the maximum over ranks (the slowest rank sets the pace).
-- total communication (``comm_total_s``): per step, the sum over DDP buckets of the time from
-  launching the bucket's all-reduce to its completion (CUDA events on GPU, host clock when the
-  future completes on CPU). It includes time queued behind earlier buckets.
-- exposed communication: ``T_allreduce - T_noop`` from two runs of one config, the second with
-  a no-op hook that keeps bucketing and removes only the network (see kanlib.results).
+- step time: wall time of forward + backward + optimizer of one step; a run's step time is the
+  median over measured (post-warm-up) steps of the maximum over ranks (the slowest rank sets the pace).
+- phases are read with the host clock on CPU and with CUDA events on GPU (one synchronisation per
+  step, when the step's times are read), so timing does not serialise the GPU's queue.
+- communication timing lives with the communication hooks (kanlib.hooks).
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 
-class CommTimer:
-    """DDP communication-hook state that all-reduces each bucket and times it.
+class PhaseClock:
+    """Marks the boundaries of a step's phases; :meth:`read` gives each phase's duration in seconds.
 
-    Register with ``ddp.register_comm_hook(CommTimer(device), timed_allreduce_hook)``;
-    :meth:`step_total` returns the summed bucket time of the step and resets.
+    ``mark(name)`` ends the phase ``name`` (started at the previous mark, or :meth:`start`). On CUDA
+    the marks are events on the current stream, read after one ``synchronize`` in :meth:`read`.
     """
 
-    def __init__(self, device: torch.device, process_group=None):
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
         self.device = device
-        self.process_group = process_group
-        self._host: list[float] = []  # seconds, CPU path
-        self._events: list[tuple] = []  # (start, end) CUDA events
-        self.n_buckets = 0
+        self._marks: list[tuple[str, object]] = []
 
-    def step_total(self) -> float:
-        """Sum of bucket all-reduce times since the last call, in seconds."""
-        if self.device.type == "cuda":
+    def _now(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self._marks = [("", self._now())]
+
+    def mark(self, name: str) -> None:
+        self._marks.append((name, self._now()))
+
+    def read(self) -> dict[str, float]:
+        """Seconds per phase name (a name marked twice accumulates), since :meth:`start`."""
+        if self.cuda:
             torch.cuda.synchronize(self.device)
-            total = sum(s.elapsed_time(e) for s, e in self._events) / 1e3
-        else:
-            total = sum(self._host)
-        self.n_buckets = max(self.n_buckets, len(self._host) + len(self._events))
-        self._host, self._events = [], []
-        return total
-
-
-def timed_allreduce_hook(state: CommTimer, bucket):
-    """All-reduce (average) a gradient bucket and record how long it took."""
-    group = state.process_group or dist.group.WORLD
-    world = dist.get_world_size(group)
-    tensor = bucket.buffer().div_(world)
-    if state.device.type == "cuda":
-        start = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-
-        def done(f):
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()  # runs on the stream that waited for the all-reduce
-            state._events.append((start, end))
-            return f.value()[0]
-    else:
-        t0 = time.perf_counter()
-        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-
-        def done(f):
-            state._host.append(time.perf_counter() - t0)
-            return f.value()[0]
-    return fut.then(done)
+        out: dict[str, float] = {}
+        for (_, a), (name, b) in zip(self._marks, self._marks[1:]):
+            dt = a.elapsed_time(b) / 1e3 if self.cuda else b - a
+            out[name] = out.get(name, 0.0) + dt
+        return out
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -80,17 +62,42 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
-    """Peak memory and what it measures: CUDA max allocated, or the process's peak resident set on CPU."""
+    """Peak memory and what it measures: CUDA max allocated since the last reset, or the process's
+    peak resident set on CPU (a high-water mark since the process started)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
     rss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     return (rss if sys.platform == "darwin" else rss * 1024), "cpu_peak_rss"  # macOS: bytes; Linux: KiB
 
 
+def device_memory(device: torch.device) -> tuple[int | None, int | None]:
+    """CUDA: (peak reserved by the allocator, total - free device memory now); None on CPU.
+
+    ``mem_get_info`` counts everything on the device: the CUDA context, NCCL's buffers and other
+    processes' memory, which the allocator's statistics do not see.
+    """
+    if device.type != "cuda":
+        return None, None
+    free, total = torch.cuda.mem_get_info(device)
+    return int(torch.cuda.max_memory_reserved(device)), int(total - free)
+
+
 def model_state_bytes(model: torch.nn.Module, optimizer_states_per_param: int) -> int:
-    """Bytes of parameters, their gradients and the optimizer's per-parameter states."""
+    """Bytes of parameters, their gradients and the optimizer's per-parameter states (whole model)."""
     n = sum(p.numel() * p.element_size() for p in model.parameters())
     return n * (2 + optimizer_states_per_param)
+
+
+def process_start_time() -> float:
+    """Wall-clock time (s since the epoch) this process started (Linux /proc; else now)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))  # 10 ms resolution
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 def summarize(values) -> dict:

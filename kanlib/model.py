@@ -787,3 +787,27 @@ def update_grid_distributed(model: nn.Module, x: torch.Tensor, margin: float = 0
             dist.broadcast(layer.grid, src=0)
             dist.broadcast(layer.spline_weight.data, src=0)
             layer.refresh_grid()
+
+
+def kernel_paths(model: nn.Module) -> list[str]:
+    """The B-spline kernel paths the KAN layers of ``model`` run (sorted; empty for other models):
+    ``compiled``, ``fast`` (closed form, eager) or ``reference``."""
+    paths = set()
+    for m in model.modules():
+        if isinstance(m, KANLinear):
+            if m.impl == "reference" or not m.grid_is_uniform:
+                paths.add("reference")
+            elif m.compile_basis and all(v is not None for v in _COMPILED.values()):
+                paths.add("compiled")
+            else:
+                paths.add("fast")
+    return sorted(paths)
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent in torch.compile (dynamo's own accounting; 0 without compile)."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return 0.0
+    return float(sum(compilation_time_metrics.get("_compile.compile_inner", [])))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import plotly.graph_objects as go
 
-from kanlib import plots, results
+from kanlib import plots, records, results
 
 STUDY_TITLES = {
     "strong_scaling": "Strong scaling (fixed global batch)",
@@ -132,7 +132,7 @@ def build_report(out_dir: str, guidelines=None, path: str | None = None) -> str:
            "<style>body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}"
            "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}</style>"
            f"</head><body><h1>kanlib: how KAN training scales with DDP</h1>"
-           f"<p>Records under {html.escape(os.path.abspath(out_dir))}; generated {results.now_iso()}.</p>"
+           f"<p>Records under {html.escape(os.path.abspath(out_dir))}; generated {records.now_iso()}.</p>"
            + "".join(parts) + "</body></html>")
     with open(path, "w") as f:
         f.write(doc)

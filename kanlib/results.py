@@ -1,139 +1,26 @@
-"""Result records: provenance, atomic writing, tolerant loading into a tidy DataFrame, and the
-derived quantities of the study (speedup, efficiency, Karp-Flatt, bootstrap intervals).
+"""Analysis of result records: loading them into tidy DataFrames, and the derived quantities of the
+study (speedup, efficiency, Karp-Flatt, Amdahl fits, bootstrap intervals, exposed communication).
 
-The record schema is documented in docs/schema.md. Derived quantities are computed here from
-records and never stored in them.
+Runtime code never imports this module (a rank imports no pandas); what a run writes is defined in
+kanlib.records. Derived quantities are computed here from records and never stored in them.
 """
 
 from __future__ import annotations
 
-import csv
-import datetime
 import glob
 import json
 import os
-import socket
-import subprocess
-import uuid
 import warnings
 
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 1
-RECORD_NAME = "record.json"
-STEPS_NAME = "steps.csv"
-CONFIG_NAME = "config.json"
-MANIFEST_NAME = "manifest.jsonl"
-STEP_COLUMNS = ["step", "measured", "step_time_s", "forward_s", "backward_s", "optimizer_s",
-                "comm_total_s", "loss", "attempt"]
-MANIFEST_STATUSES = ("ok", "failed", "timeout", "preempted")
-ENV_PREFIXES = ("NCCL_", "TORCH_", "GLOO_", "OMP_", "MASTER_", "KANLIB_")
-
-
-class RecordError(ValueError):
-    """A record file could not be read (strict mode); the message names the file and line."""
+from kanlib.records import (MANIFEST_NAME, RECORD_NAME, STEP_COLUMNS, STEPS_NAME, RecordError, check_record,
+                            read_manifest_rows, read_steps_rows)
 
 
 class NoRecordsError(FileNotFoundError):
     """No record was found under the given folder."""
-
-
-# -- provenance ----------------------------------------------------------------------------
-def git_sha() -> str:
-    """The commit of the checkout this package runs from, or 'unknown'."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        sha = out.stdout.strip()
-        if out.returncode == 0 and sha:
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                                   capture_output=True, text=True, timeout=5).stdout.strip()
-            return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
-
-
-def provenance() -> dict:
-    """Where and with what a run ran: versions, host, SLURM job, relevant environment variables."""
-    import torch
-
-    nccl = None
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
-        except Exception:  # NCCL missing from this build
-            nccl = None
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda,
-        "nccl_version": nccl,
-        "device_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "git_sha": git_sha(),
-        "hostname": socket.gethostname(),
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "slurm_nodelist": os.environ.get("SLURM_JOB_NODELIST"),
-        "launcher": os.environ.get("KANLIB_LAUNCHER", "local" if "RANK" in os.environ else "none"),
-        "env": env,
-    }
-
-
-def new_run_id() -> str:
-    """A unique id for one attempt of a run."""
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
-
-
-def now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-# -- writing -------------------------------------------------------------------------------
-def atomic_write_json(path: str, obj: dict) -> None:
-    """Write ``obj`` to a temporary file, fsync it and rename it into place."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True, default=_json_default)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, tuple):
-        return list(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-class StepWriter:
-    """Appends one CSV row per step to ``steps.csv`` and flushes it, so a killed run keeps its rows."""
-
-    def __init__(self, path: str):
-        new = not os.path.exists(path) or os.path.getsize(path) == 0
-        self._f = open(path, "a", newline="")
-        self._w = csv.DictWriter(self._f, fieldnames=STEP_COLUMNS)
-        if new:
-            self._w.writeheader()
-            self._f.flush()
-
-    def write(self, row: dict) -> None:
-        self._w.writerow({k: row.get(k) for k in STEP_COLUMNS})
-        self._f.flush()
-
-    def close(self) -> None:
-        self._f.close()
 
 
 # -- loading -------------------------------------------------------------------------------
@@ -145,8 +32,9 @@ def find_record_files(root: str) -> list[str]:
 def load_records(root: str, study: str | None = None, strict: bool = False) -> pd.DataFrame:
     """All run records under ``root`` as one row each (nested ``env`` flattened as ``env.X``).
 
-    A record that cannot be read (truncated, not JSON, not an object, no schema_version) is
-    skipped and named in ``df.attrs['bad']`` as ``(file, line, reason)`` with a warning; with
+    A record that cannot be read (truncated, not JSON, not an object) or fails
+    :func:`kanlib.records.check_record` (unknown schema version, a NaN, zero or negative step time,
+    a non-numeric measurement) is skipped and named in ``df.attrs['bad']`` as ``(file, line, reason)`` with a warning; with
     ``strict=True`` it raises :class:`RecordError`. No record at all raises
     :class:`NoRecordsError` saying where it looked.
     """
@@ -157,8 +45,9 @@ def load_records(root: str, study: str | None = None, strict: bool = False) -> p
             with open(path) as f:
                 text = f.read()
             rec = json.loads(text)
-            if not isinstance(rec, dict) or "schema_version" not in rec:
-                raise ValueError("not a run record (no schema_version)")
+            why = check_record(rec)
+            if why:
+                raise ValueError(why)
         except (OSError, ValueError) as e:
             line = getattr(e, "lineno", None)
             reason = getattr(e, "msg", None) or str(e)
@@ -190,7 +79,7 @@ def load_steps(run_dir: str) -> pd.DataFrame:
     ``(file, line, reason)``; so is any other row that cannot be read.
     """
     path = os.path.join(run_dir, STEPS_NAME)
-    rows, bad = _read_steps_rows(path)
+    rows, bad = read_steps_rows(path)
     df = pd.DataFrame(rows, columns=STEP_COLUMNS)
     for c in STEP_COLUMNS:
         df[c] = pd.to_numeric(df[c], errors="coerce")
@@ -203,89 +92,6 @@ def load_steps(run_dir: str) -> pd.DataFrame:
     return df
 
 
-def _read_steps_rows(path: str) -> tuple[list[dict], list[tuple]]:
-    """Rows of a steps.csv as dicts of strings; unreadable rows go to ``bad``."""
-    with open(path, newline="") as f:
-        text = f.read()
-    lines = text.split("\n")
-    complete_last = text.endswith("\n")
-    if complete_last:
-        lines = lines[:-1]
-    if not lines or not lines[0]:
-        return [], []
-    header = lines[0].rstrip("\r").split(",")
-    rows, bad = [], []
-    for i, line in enumerate(lines[1:], start=2):
-        line = line.rstrip("\r")
-        if not line:
-            continue
-        vals = line.split(",")
-        last = i == len(lines) and not complete_last
-        if len(vals) != len(header) or last:
-            bad.append((path, i, "truncated row" if last else f"{len(vals)} fields, expected {len(header)}"))
-            continue
-        try:
-            int(vals[header.index("step")])
-        except ValueError:
-            bad.append((path, i, "step is not an integer"))
-            continue
-        rows.append(dict(zip(header, vals)))
-    return rows, bad
-
-
-def truncate_steps(path: str, before_step: int) -> None:
-    """Rewrite ``steps.csv`` (atomically) keeping only rows of steps before ``before_step``.
-
-    Used when a run resumes from the checkpoint of ``before_step``: rows of steps the failed
-    attempt ran past its checkpoint are redone, so they are dropped, as is a truncated line.
-    """
-    if not os.path.exists(path):
-        return
-    rows, _ = _read_steps_rows(path)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=STEP_COLUMNS)
-        w.writeheader()
-        for r in rows:
-            if int(r["step"]) < before_step:
-                w.writerow({k: r.get(k, 0 if k == "attempt" else "") for k in STEP_COLUMNS})
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-# -- manifest: one row per attempt of a run, appended by the runner --------------------------
-def manifest_path(out_dir: str, study: str) -> str:
-    """``out_dir/<study>/manifest.jsonl``."""
-    return os.path.join(out_dir, study, MANIFEST_NAME)
-
-
-def append_manifest(path: str, row: dict) -> None:
-    """Append ``row`` as one JSON line with a single ``O_APPEND`` write.
-
-    Concurrent appenders do not interleave (one ``write`` of a line to a local file in append
-    mode lands whole). When the file ends in a line cut short by a crash, a newline is written
-    first so the new row starts on its own line (the cut line stays unreadable and is skipped
-    by :func:`load_manifest`).
-    """
-    if row.get("status") not in MANIFEST_STATUSES:
-        raise ValueError(f"status: unknown value {row.get('status')!r}; choose one of {', '.join(MANIFEST_STATUSES)}")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    line = json.dumps(row, sort_keys=True, default=_json_default) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        if size:
-            with open(path, "rb") as f:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    line = "\n" + line
-        os.write(fd, line.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def load_manifest(path: str) -> pd.DataFrame:
     """Rows of a manifest (or of ``<dir>/manifest.jsonl``) as a DataFrame, in the order written.
 
@@ -294,20 +100,7 @@ def load_manifest(path: str) -> pd.DataFrame:
     """
     if os.path.isdir(path):
         path = os.path.join(path, MANIFEST_NAME)
-    rows, bad = [], []
-    if os.path.exists(path):
-        with open(path, "rb") as f:
-            for i, raw in enumerate(f.read().split(b"\n"), start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    obj = json.loads(raw)
-                    if not isinstance(obj, dict) or "run_key" not in obj or "status" not in obj:
-                        raise ValueError("not a manifest row (no run_key or status)")
-                except ValueError as e:
-                    bad.append((path, i, getattr(e, "msg", None) or str(e)))
-                    continue
-                rows.append(obj)
+    rows, bad = read_manifest_rows(path)
     if bad:
         warnings.warn(f"{path}: skipped {len(bad)} unreadable line(s): "
                       + "; ".join(f"line {ln}: {r}" for _, ln, r in bad), stacklevel=2)

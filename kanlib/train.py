@@ -1,66 +1,163 @@
-"""The DDP training loop: ``train(cfg) -> record``.
+"""The data-parallel training loop: ``train(cfg) -> RunRecord``.
 
-Entry point for torchrun: ``python -m kanlib.train --key=value ...`` (a single process when
-RANK is unset). Rank 0 writes the run's folder ``out_dir/<study>/<run_key>/``: ``config.json``
-first, ``steps.csv`` (one row per step, flushed as it comes), ``model.pt`` (final state_dict)
+Entry point for torchrun: ``python -m kanlib.train --key=value ...`` (a single process when RANK is
+unset). Rank 0 writes the run's folder ``out_dir/<study>/<run_key>/`` (kanlib.records): ``config.json``
+first, ``steps.csv`` (one :class:`~kanlib.records.StepRow` per step, flushed as it comes), ``model.pt``
 and last ``record.json`` (atomically; its presence marks the run complete).
 
-Faults (docs/faults.md): every ``checkpoint_every`` steps rank 0 commits a checkpoint
-(kanlib.checkpoint) and a restarted or rerun run resumes from the last one; ``steps.csv`` then
-keeps the rows before the checkpoint and continues, each row tagged with its ``attempt``
-(torchrun's restart count). The record's timing comes from the steps run in the final attempt
-only, its warm-up skipped again after a resume (``resumed_from_step``, ``n_measured_steps``).
-Each step, outside the timed region, all ranks agree on a non-finite loss anywhere and on a
-stop request (SIGTERM): ``nan_policy='skip'`` skips the update on every rank, ``'stop'``
-raises :class:`NonFiniteLoss` on every rank; SIGTERM checkpoints and stops every rank at the
-same step. ``KANLIB_FAULT`` (kanlib.faults) injects faults for tests.
+:func:`train` reads top to bottom: :func:`start_or_resume`, then per step :func:`train_step` (returns the
+step's row) and :func:`checkpoint_or_stop`, then :func:`finish` (returns the record). Faults
+(docs/faults.md): checkpoints every ``checkpoint_every`` steps and a resume from the last one;
+SIGTERM stops every rank at the same step after a checkpoint; a non-finite loss on any rank is seen
+by every rank as non-finite averaged gradients (no extra collective; the no-op hook, which averages
+nothing, agrees through one) and handled by ``nan_policy``. ``KANLIB_FAULT`` (kanlib.faults) injects
+faults for tests.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
+from kanlib.metrics import process_start_time
 
-from kanlib import checkpoint, faults, results
-from kanlib.config import RunConfig
-from kanlib.data import make_dataset
-from kanlib.distributed import DistInfo, setup, synchronize, teardown
-from kanlib.metrics import (CommTimer, model_state_bytes, peak_memory_bytes, reset_peak_memory,
-                            summarize, timed_allreduce_hook)
-from kanlib.model import build_model, count_params, update_grid_distributed
+_PROCESS_START = process_start_time()
 
-# Per-step quantities gathered from every rank at the end (column order of the gathered tensor).
-_PHASES = ("step_time_s", "forward_s", "backward_s", "optimizer_s", "comm_total_s", "loss")
-PREEMPTED_NAME = "preempted.json"
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from kanlib import checkpoint, distributed, faults, hooks, records  # noqa: E402
+from kanlib.config import RunConfig  # noqa: E402
+from kanlib.data import make_dataset  # noqa: E402
+from kanlib.distributed import AsyncFlag, DistInfo  # noqa: E402
+from kanlib.metrics import (PhaseClock, device_memory, model_state_bytes, peak_memory_bytes,  # noqa: E402
+                            reset_peak_memory, summarize)
+from kanlib.model import build_model, compile_seconds, count_params, kernel_paths, update_grid_distributed  # noqa: E402
+from kanlib.records import RunRecord, StepRow  # noqa: E402
 
 
-def wrap_ddp(model: torch.nn.Module, cfg: RunConfig, info: DistInfo):
-    """Wrap ``model`` in DDP as the config asks and register its communication hook.
+class NonFiniteLoss(RuntimeError):
+    """A loss was NaN or infinite on some rank and ``nan_policy='stop'`` (raised on every rank), or a
+    run ended with non-finite losses or skipped most of its steps."""
 
-    Returns ``(module, comm_timer)``; ``comm_timer`` is None unless ``comm_hook == 'timed'``.
+
+@dataclass
+class Run:
+    """Everything a run holds between its steps."""
+
+    cfg: RunConfig
+    info: DistInfo
+    run_dir: str
+    model: torch.nn.Module
+    module: torch.nn.Module  # what the step calls: the DDP / FSDP wrapper, or the model itself
+    optimizer: torch.optim.Optimizer
+    n_opt_states: int
+    data: object
+    comm: hooks.CommStats | None
+    stop_flag: AsyncFlag
+    writer: records.StepWriter | None
+    start_step: int
+    measure_from: int
+    attempt: int
+    started_at: str
+    first_step_at: float = math.nan
+    rows: list[StepRow] = field(default_factory=list)
+    comm_s: list[float] = field(default_factory=list)
+    emulated_s: list[float] = field(default_factory=list)
+    wall_s: list[float] = field(default_factory=list)  # whole step, control included
+    n_skipped: int = 0
+    n_grid_updates: int = 0
+    train_wall_s: float = 0.0
+    target_at: tuple[int, float] | None = None  # (steps done, training wall time) when the target was reached
+    stop_now: bool = False  # a stop (SIGTERM) was agreed at the end of the last step
+    faults: list = field(default_factory=list)
+
+
+def train(cfg: RunConfig) -> RunRecord | None:
+    """Run one training run; rank 0 returns the record (other ranks, and a preempted run, None)."""
+    info = distributed.setup(cfg)
+    sigterm = _StopRequest()
+    try:
+        run = start_or_resume(cfg, info)
+        for step in range(run.start_step, cfg.steps):
+            row = train_step(run, step, sigterm)
+            reached = evaluate_and_check_target(run, row)
+            if checkpoint_or_stop(run, row):
+                return None  # preempted: checkpointed, every rank stops here
+            if reached:
+                break
+        return finish(run)
+    finally:
+        sigterm.restore()
+        distributed.teardown(info)
+
+
+# -- start ---------------------------------------------------------------------------------------------
+def start_or_resume(cfg: RunConfig, info: DistInfo) -> Run:
+    """Prepare the run folder (rank 0), build data and model, wrap them for data parallelism, and restore
+    the last committed checkpoint when there is one; every rank checks it resumes from the same step."""
+    started_at = records.now_iso()
+    run_dir = cfg.run_dir()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if info.is_main:
+        _prepare_run_dir(cfg, run_dir)
+    distributed.barrier(info)  # rank 0 has tidied the folder before anyone reads a checkpoint
+    torch.manual_seed(cfg.seed)  # identical initialisation on every rank (DDP also broadcasts)
+    data = make_dataset(cfg)
+    model = build_model(cfg).to(info.device)
+    ck = checkpoint.load_latest(run_dir)
+    if ck is not None:
+        if ck.get("run_key") != cfg.run_key() or ck.get("world_size") != info.world_size:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {ck['path']}: written by run {ck.get('run_key')} with world size "
+                f"{ck.get('world_size')}, not this run {cfg.run_key()} with world size {info.world_size}")
+        model.load_state_dict(ck["model"])
+    module, comm = wrap(model, cfg, info)
+    optimizer, n_opt_states = make_optimizer(model, cfg)
+    start_step = 0
+    if ck is not None:
+        optimizer.load_state_dict(ck["optimizer"])
+        checkpoint.set_rng_state(ck["rng"][info.rank], info.device)
+        start_step = int(ck["step"])
+    steps = distributed.all_gather(torch.tensor([start_step], dtype=torch.int64), info).view(-1).tolist()
+    if len(set(steps)) != 1:
+        raise checkpoint.CheckpointError(f"ranks resumed from different steps: {steps}")
+    if ck is not None and info.is_main:
+        print(f"kanlib: resumed from step {start_step} ({ck['path']}), attempt {attempt}", flush=True)
+    # Timing comes from the steps of this attempt only; after a resume the warm-up is skipped again
+    # (DDP rebuilds its buckets, kernels compile), unless that would leave no step measured.
+    measure_from = cfg.warmup_steps + start_step
+    if measure_from >= cfg.steps:
+        measure_from = max(cfg.warmup_steps, start_step)
+    writer = records.StepWriter(os.path.join(run_dir, records.STEPS_NAME)) if info.is_main else None
+    return Run(cfg, info, run_dir, model, module, optimizer, n_opt_states, data, comm, AsyncFlag(info), writer,
+               start_step, measure_from, attempt, started_at, faults=faults.active())
+
+
+def wrap(model: torch.nn.Module, cfg: RunConfig, info: DistInfo):
+    """The model wrapped as ``cfg.parallelism`` asks (DDP with its communication hook, or FSDP).
+
+    Returns ``(module, comm_stats)``; ``comm_stats`` is None unless the hook times its buckets.
     """
     if not info.distributed:
         return model, None
+    if cfg.parallelism == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in getattr(model, "layers", []):
+            fully_shard(layer)
+        return fully_shard(model), None
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
     ddp = DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None,
               bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
               static_graph=cfg.static_graph, broadcast_buffers=cfg.broadcast_buffers)
-    timer = None
-    if cfg.comm_hook == "timed":
-        timer = CommTimer(info.device)
-        ddp.register_comm_hook(timer, timed_allreduce_hook)
-    elif cfg.comm_hook == "noop":
-        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
-
-        ddp.register_comm_hook(None, noop_hook)
-    return ddp, timer
+    return ddp, hooks.register(ddp, cfg, info.device)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: RunConfig):
@@ -70,40 +167,309 @@ def make_optimizer(model: torch.nn.Module, cfg: RunConfig):
     return torch.optim.SGD(model.parameters(), lr=cfg.lr), 0
 
 
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device, chunk: int = 8192) -> float:
-    """Mean squared error of ``model`` on ``(x, y)``, in chunks."""
-    model.eval()
-    total = 0.0
-    for i in range(0, x.shape[0], chunk):
-        xb, yb = x[i:i + chunk].to(device), y[i:i + chunk].to(device)
-        total += F.mse_loss(model(xb).float(), yb, reduction="sum").item()
-    model.train()
-    return total / x.shape[0]
+def learning_rate(cfg: RunConfig, step: int) -> float:
+    """``cfg.lr`` scaled by ``cfg.lr_rule`` for the global batch, with linear warm-up over ``lr_warmup_steps``."""
+    lr = cfg.lr
+    if cfg.lr_rule == "linear":
+        lr *= cfg.global_batch / cfg.lr_base_batch
+    elif cfg.lr_rule == "sqrt":
+        lr *= math.sqrt(cfg.global_batch / cfg.lr_base_batch)
+    if cfg.lr_warmup_steps and step < cfg.lr_warmup_steps:
+        lr *= (step + 1) / cfg.lr_warmup_steps
+    return lr
 
 
-def train(cfg: RunConfig) -> dict | None:
-    """Run one training run; rank 0 returns the record (other ranks, and a preempted run, None).
+# -- one step ------------------------------------------------------------------------------------------
+def train_step(run: Run, step: int, sigterm: _StopRequest) -> StepRow:
+    """Forward, backward (``grad_accum_steps`` micro-batches, gradients communicated on the last) and the
+    optimizer update of ``step``, timed by phase; returns the step's row (rank 0 also writes it)."""
+    cfg, info = run.cfg, run.info
+    t_begin = time.perf_counter()
+    if step == run.start_step:
+        run.first_step_at = time.time()
+    faults.at_step_start(run.faults, info.rank, step)
+    run.stop_flag.start(sigterm.requested)  # agreed at the end of the step, overlapped with it
+    x, y = run.data.shard(step, cfg.global_batch, info.rank, info.world_size)
+    x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
+    if cfg.grid_update_every and step and step % cfg.grid_update_every == 0:
+        update_grid_distributed(run.model, x)  # not timed; every rank ends bitwise equal
+        run.n_grid_updates += 1
+        if step >= run.measure_from:
+            reset_peak_memory(info.device)  # the refit's float64 temporaries are not training memory
+    lr = learning_rate(cfg, step)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    clock = PhaseClock(info.device)
+    clock.start()
+    k = cfg.grad_accum_steps
+    losses = []
+    for i, (xb, yb) in enumerate(zip(x.chunk(k), y.chunk(k))):
+        sync = contextlib.nullcontext() if i == k - 1 or not hasattr(run.module, "no_sync") else run.module.no_sync()
+        with sync:
+            with torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+                out = run.module(xb)
+            loss = run.data.loss(out, yb)
+            if faults.due(run.faults, "nan", info.rank, step):
+                loss = loss * float("nan")
+            clock.mark("forward")
+            (loss / k).backward()
+            clock.mark("backward")
+        losses.append(loss.detach())
+    loss = torch.stack(losses).mean()
+    if _gradients_finite(run, loss):
+        run.optimizer.step()
+    else:
+        _handle_non_finite(run, step, loss)
+    run.optimizer.zero_grad(set_to_none=True)
+    clock.mark("optimizer")
+    phases = clock.read()
+    comm = run.comm.end_step() if run.comm is not None else (math.nan, math.nan)  # (in flight, emulated) s
+    loss_value = float(loss.item())
+    stop_now = run.stop_flag.result()
+    wall = time.perf_counter() - t_begin
+    row = StepRow(step=step, measured=int(step >= run.measure_from), attempt=run.attempt, time_unix_s=time.time(),
+                  step_time_s=sum(phases.values()), forward_s=phases["forward"], backward_s=phases["backward"],
+                  optimizer_s=phases["optimizer"], comm_total_s=comm[0], loss=loss_value, lr=lr)
+    run.rows.append(row)
+    run.emulated_s.append(comm[1])
+    run.wall_s.append(wall)
+    run.train_wall_s += wall
+    run.stop_now = stop_now
+    if step + 1 == run.measure_from:  # warm-up over: compilation and bucket rebuilds leave the window
+        reset_peak_memory(info.device)
+    return row
 
-    Resumes from the run folder's last committed checkpoint when there is one (see
-    kanlib.checkpoint). SIGTERM (preemption) makes every rank stop at the next step boundary,
-    together, after a checkpoint; rank 0 then writes ``preempted.json`` in the run folder.
+
+def _gradients_finite(run: Run, loss: torch.Tensor) -> bool:
+    """Whether this step's update may be applied, decided identically on every rank.
+
+    After DDP's all-reduce every rank holds the same averaged gradients, so a non-finite loss on any
+    rank shows as non-finite gradients on every rank: no collective is needed. Under the no-op hook
+    (and FSDP's sharded gradients, where each rank sees its own shard) the ranks agree with one.
     """
-    info = setup(cfg)
-    stop = _StopRequest()
-    try:
-        return _train(cfg, info, stop)
-    finally:
-        stop.restore()
-        teardown(info)
+    grads = [_local(p.grad) for p in run.model.parameters() if p.grad is not None]
+    norms = torch._foreach_norm(grads) if grads else []
+    local_ok = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(n)) for n in norms)
+    if run.info.distributed and (run.cfg.comm_hook == "noop" or run.cfg.parallelism == "fsdp"):
+        bad = distributed.all_reduce(torch.tensor([0.0 if local_ok else 1.0]), run.info, "max")
+        return bool(bad.item() == 0)
+    return local_ok
 
 
-class NonFiniteLoss(RuntimeError):
-    """A loss was NaN or infinite on some rank and ``nan_policy='stop'``; raised on every rank."""
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a (possibly FSDP-sharded) tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _handle_non_finite(run: Run, step: int, loss: torch.Tensor) -> None:
+    """Every rank is here together: find which ranks' losses were non-finite, then stop or skip."""
+    mine = torch.tensor([0.0 if bool(torch.isfinite(loss)) else 1.0])
+    flags = distributed.all_gather(mine, run.info).view(-1)
+    bad = [r for r in range(run.info.world_size) if flags[r] > 0]
+    if run.cfg.nan_policy == "stop":
+        raise NonFiniteLoss(f"non-finite loss at step {step} on rank(s) {bad}; nan_policy='stop' stops the run "
+                            f"on every rank")
+    run.n_skipped += 1  # 'skip': no update on any rank
+
+
+# -- between steps -------------------------------------------------------------------------------------
+def checkpoint_or_stop(run: Run, row: StepRow) -> bool:
+    """Write the step's row; checkpoint when due or when a stop was agreed. True: the run stops here."""
+    cfg, info = run.cfg, run.info
+    if run.writer is not None:
+        run.writer.write(row)
+    done = row.step + 1
+    if done >= cfg.steps or not (run.stop_now or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
+        return False
+    path = _save_checkpoint(run, done)
+    distributed.barrier(info)  # the others wait here, not in the next step's all-reduce
+    if not run.stop_now:
+        return False
+    if run.writer is not None:
+        run.writer.close()
+        records.atomic_write_json(os.path.join(run.run_dir, records.PREEMPTED_NAME),
+                                  {"step": done, "checkpoint": path, "at": records.now_iso(), "attempt": run.attempt})
+        print(f"kanlib: stopped by SIGTERM after step {done}; checkpoint {path}", flush=True)
+    return True
+
+
+def evaluate_and_check_target(run: Run, row: StepRow) -> bool:
+    """Every ``eval_every`` steps (outside the timed region): evaluate, record the curve point, and say
+    whether the validation loss reached ``target_val_loss`` (rank 0's value decides for all)."""
+    cfg = run.cfg
+    done = row.step + 1
+    if not cfg.eval_every or done % cfg.eval_every or done >= cfg.steps:
+        return False
+    ev = run.data.evaluate(run.model, run.info.device)  # every rank: FSDP's forward is collective
+    row.val_loss = ev["val_loss"]
+    row.val_accuracy = ev["val_accuracy"] if ev["val_accuracy"] is not None else math.nan
+    reached = bool(cfg.target_val_loss) and ev["val_loss"] <= cfg.target_val_loss
+    reached = bool(distributed.broadcast(torch.tensor([float(reached)]), run.info).item() > 0)
+    if reached and run.target_at is None:
+        run.target_at = (done, run.train_wall_s)
+    return reached
+
+
+def _save_checkpoint(run: Run, step: int) -> str | None:
+    """Collective: gather every rank's RNG states; rank 0 writes the checkpoint of ``step``."""
+    info = run.info
+    rng = checkpoint.rng_state(info.device)
+    if info.distributed:
+        rngs = [None] * info.world_size
+        dist.all_gather_object(rngs, rng)
+    else:
+        rngs = [rng]
+    if not info.is_main:
+        return None
+    kill = None
+    if faults.due(run.faults, "ckptkill", info.rank, step):
+        def kill():
+            os.kill(os.getpid(), signal.SIGKILL)
+    state = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(), "rng": rngs,
+             "run_key": run.cfg.run_key(), "world_size": info.world_size}
+    return checkpoint.save(run.run_dir, state, step, before_rename=kill)
+
+
+# -- finish --------------------------------------------------------------------------------------------
+def finish(run: Run) -> RunRecord | None:
+    """Combine every rank's per-step times (the slowest rank sets the pace), check the replicas agree and
+    the losses are finite, evaluate, and (rank 0) write ``model.pt`` and ``record.json``."""
+    cfg, info = run.cfg, run.info
+    if run.writer is not None:
+        run.writer.close()
+    per_rank = _gather_steps(run)  # (world, steps, fields)
+    timed = records.StepRow.reduced("max")
+    names = timed + ["loss", "emulated_s", "wall_s"]
+    combined = {n: per_rank[:, :, i].max(dim=0).values for i, n in enumerate(names)}
+    combined["loss"] = per_rank[:, :, names.index("loss")].mean(dim=0)
+    if cfg.comm_hook != "noop" and cfg.parallelism == "ddp":  # without the network replicas drift apart
+        _check_replicas_agree(run.model, info)
+    peak_local, peak_kind = peak_memory_bytes(info.device)
+    reserved, used = device_memory(info.device)
+    mem = distributed.all_reduce(torch.tensor([float(peak_local), float(reserved or 0), float(used or 0)],
+                                              dtype=torch.float64), info, "max").tolist()
+    final = run.data.evaluate(run.model, info.device)
+    state = _full_state_dict(run)
+    _check_losses(run, combined["loss"], final["val_loss"])
+    if not info.is_main:
+        return None
+    first = run.measure_from - run.start_step
+    measured = {n: v[first:].tolist() for n, v in combined.items()}
+    stats = {n: summarize(measured[n]) for n in names}
+    model_path = os.path.join(run.run_dir, records.MODEL_NAME)
+    torch.save(state, model_path + ".tmp")
+    os.replace(model_path + ".tmp", model_path)
+    step_time = stats["step_time_s"]["median"]
+    wall = sum(measured["wall_s"])
+    timed_comm = run.comm is not None
+    target = {}
+    if cfg.target_val_loss:
+        reached = run.target_at is not None
+        target = {"reached_target": reached,
+                  "steps_to_target": run.target_at[0] if reached else None,
+                  "samples_to_target": run.target_at[0] * cfg.global_batch if reached else None,
+                  "time_to_target_s": run.target_at[1] if reached else None}
+    rec = RunRecord(
+        provenance=records.provenance(), config=cfg.to_dict(), run_id=records.new_run_id(), run_key=cfg.run_key(),
+        config_backend=cfg.backend, config_device=cfg.device, backend=info.backend or "none",
+        device=info.device.type, world_size=info.world_size, started_at=run.started_at,
+        finished_at=records.now_iso(), n_params=count_params(run.model),
+        model_state_bytes=model_state_bytes(run.model, run.n_opt_states),
+        kan_path="+".join(kernel_paths(run.model)), n_measured_steps=len(measured["step_time_s"]),
+        step_time_s=step_time, step_time_s_p10=stats["step_time_s"]["p10"],
+        step_time_s_p90=stats["step_time_s"]["p90"], forward_s=stats["forward_s"]["median"],
+        backward_s=stats["backward_s"]["median"], optimizer_s=stats["optimizer_s"]["median"],
+        samples_per_s=cfg.global_batch / step_time,
+        wall_samples_per_s=cfg.global_batch * len(measured["wall_s"]) / wall if wall > 0 else math.nan,
+        comm_total_s=stats["comm_total_s"]["median"] if timed_comm else None,
+        n_buckets=run.comm.n_buckets if timed_comm else None,
+        bucket_bytes=list(run.comm.bucket_bytes) if timed_comm else None,
+        emulated_s=stats["emulated_s"]["median"] if cfg.emulated_link else None,
+        compile_s=compile_seconds(), time_to_first_step_s=run.first_step_at - _PROCESS_START,
+        peak_mem_bytes=int(mem[0]), peak_mem_kind=peak_kind,
+        peak_reserved_bytes=int(mem[1]) if reserved is not None else None,
+        device_used_bytes=int(mem[2]) if used is not None else None,
+        final_train_loss=float(combined["loss"][-1]), final_val_loss=final["val_loss"],
+        final_val_accuracy=final["val_accuracy"], chance_accuracy=run.data.chance_accuracy,
+        resumed_from_step=run.start_step, attempt=run.attempt, n_skipped_steps=run.n_skipped,
+        n_grid_updates=run.n_grid_updates, **target)
+    records.atomic_write_json(os.path.join(run.run_dir, records.RECORD_NAME), rec)
+    checkpoint.remove_all(run.run_dir)  # complete: model.pt holds the final parameters
+    return rec
+
+
+def _gather_steps(run: Run) -> torch.Tensor:
+    """Every rank's per-step values of this attempt: ``(world, steps, fields)`` float64 (on the device)."""
+    timed = records.StepRow.reduced("max")
+    local = torch.tensor([[getattr(r, n) for n in timed] + [r.loss, e, w]
+                          for r, e, w in zip(run.rows, run.emulated_s, run.wall_s)], dtype=torch.float64)
+    return distributed.all_gather(local, run.info)
+
+
+def _full_state_dict(run: Run) -> dict:
+    """The final parameters as full CPU tensors (collective under FSDP, which shards them)."""
+    if run.cfg.parallelism == "fsdp" and run.info.distributed:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(run.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().cpu() for k, v in run.model.state_dict().items()}
+
+
+def _check_losses(run: Run, losses: torch.Tensor, val_loss: float) -> None:
+    """A run whose last losses are non-finite, or that skipped most of its steps, did not train."""
+    n = len(run.rows)
+    last = losses[-min(3, n):]
+    if not bool(torch.isfinite(last).all()) or not math.isfinite(val_loss):
+        raise NonFiniteLoss(f"the run ended with non-finite losses (last training losses {last.tolist()}, "
+                            f"validation loss {val_loss}); it did not train")
+    if run.n_skipped * 2 > n:
+        raise NonFiniteLoss(f"nan_policy='skip' skipped {run.n_skipped} of {n} steps: the run did not train")
+
+
+def _check_replicas_agree(model: torch.nn.Module, info: DistInfo) -> None:
+    """Raise on every rank if the replicas' parameters differ (compares float64 fingerprints: sum, sum of
+    squares and an index-weighted sum of all parameters, and finiteness)."""
+    if not info.distributed:
+        return
+    flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in model.parameters()])
+    idx = torch.arange(1, flat.numel() + 1, dtype=torch.float64)
+    finite = float(bool(torch.isfinite(flat).all()))
+    flat = torch.nan_to_num(flat)
+    mine = torch.stack([flat.sum(), (flat * flat).sum(), (flat * idx).sum(), torch.tensor(finite, dtype=torch.float64)])
+    everyone = distributed.all_gather(mine, info)
+    differ = [r for r in range(info.world_size) if not torch.equal(everyone[r], everyone[0])]
+    if differ:
+        raise RuntimeError(f"parameters differ across ranks after training: ranks {differ} disagree with rank 0")
+
+
+def _prepare_run_dir(cfg: RunConfig, run_dir: str) -> int | None:
+    """Rank 0, before anything else: write config.json, decide fresh start or resume, tidy up.
+
+    A folder with a record is a completed run being rerun: it starts afresh. Otherwise the last
+    committed checkpoint (if any) is resumed; uncommitted checkpoint files are removed and steps.csv
+    keeps only the rows of steps before the checkpoint. Returns the step to resume from, or None.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    records.atomic_write_json(os.path.join(run_dir, records.CONFIG_NAME), cfg.to_dict())
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(run_dir, records.PREEMPTED_NAME))
+    steps_path = os.path.join(run_dir, records.STEPS_NAME)
+    record_path = os.path.join(run_dir, records.RECORD_NAME)
+    if os.path.exists(record_path):
+        checkpoint.remove_all(run_dir)
+        os.remove(record_path)
+    checkpoint.clean_uncommitted(run_dir)
+    resume = checkpoint.latest_step(run_dir)
+    if resume is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(steps_path)
+    else:
+        records.truncate_steps(steps_path, resume)
+    return resume
 
 
 class _StopRequest:
-    """Turns SIGTERM into a request to stop at the next step boundary (checked by every rank)."""
+    """Turns SIGTERM into a request to stop at the next step boundary (agreed by every rank)."""
 
     def __init__(self):
         self.requested = False
@@ -120,264 +486,14 @@ class _StopRequest:
             signal.signal(signal.SIGTERM, self._prev)
 
 
-def _prepare_run_dir(cfg: RunConfig, run_dir: str) -> int | None:
-    """Rank 0, before anything else: write config.json, decide fresh start or resume, tidy up.
-
-    A folder with a record is a completed run being rerun: it starts afresh. Otherwise the
-    last committed checkpoint (if any) is resumed; uncommitted checkpoint files are removed
-    and steps.csv keeps only the rows of steps before the checkpoint. Returns the step to
-    resume from, or None for a fresh start.
-    """
-    os.makedirs(run_dir, exist_ok=True)
-    results.atomic_write_json(os.path.join(run_dir, results.CONFIG_NAME), cfg.to_dict())
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(run_dir, PREEMPTED_NAME))
-    steps_path = os.path.join(run_dir, results.STEPS_NAME)
-    record_path = os.path.join(run_dir, results.RECORD_NAME)
-    if os.path.exists(record_path):
-        checkpoint.remove_all(run_dir)
-        os.remove(record_path)
-    checkpoint.clean_uncommitted(run_dir)
-    resume = checkpoint.latest_step(run_dir)
-    if resume is None:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(steps_path)
-    else:
-        results.truncate_steps(steps_path, resume)
-    return resume
-
-
-def _agree_flags(local_bad: bool, stop: bool, info: DistInfo) -> tuple[list[int], bool]:
-    """All ranks learn together which ranks saw a non-finite loss, and whether any must stop."""
-    flags = torch.zeros(info.world_size + 1, dtype=torch.float64)
-    flags[info.rank] = float(local_bad)
-    flags[-1] = float(stop)
-    flags = _all_reduce_cpu(flags, info)
-    bad = [r for r in range(info.world_size) if flags[r] > 0]
-    return bad, bool(flags[-1] > 0)
-
-
-def _all_reduce_cpu(t: torch.Tensor, info: DistInfo, op=None) -> torch.Tensor:
-    if info.distributed:
-        dev = info.device
-        tt = t.to(dev)
-        dist.all_reduce(tt, op=op or dist.ReduceOp.SUM)
-        return tt.cpu()
-    return t
-
-
-def _save_checkpoint(run_dir: str, step: int, model, optimizer, cfg: RunConfig, info: DistInfo,
-                     fault_list: list) -> str | None:
-    """Collective: gather every rank's RNG states; rank 0 writes the checkpoint of ``step``."""
-    rng = checkpoint.rng_state(info.device)
-    if info.distributed:
-        rngs = [None] * info.world_size
-        dist.all_gather_object(rngs, rng)
-    else:
-        rngs = [rng]
-    if not info.is_main:
-        return None
-    kill = None
-    if faults.due(fault_list, "ckptkill", info.rank, step):
-        def kill():
-            os.kill(os.getpid(), signal.SIGKILL)
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rngs,
-             "run_key": cfg.run_key(), "world_size": info.world_size}
-    return checkpoint.save(run_dir, state, step, before_rename=kill)
-
-
-def _check_replicas_agree(model: torch.nn.Module, info: DistInfo) -> None:
-    """Raise on every rank if the replicas' parameters differ (compares float64 fingerprints:
-    sum, sum of squares and an index-weighted sum of all parameters, and finiteness)."""
-    if not info.distributed:
-        return
-    flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in model.parameters()])
-    idx = torch.arange(1, flat.numel() + 1, dtype=torch.float64)
-    finite = bool(torch.isfinite(flat).all())
-    flat = torch.nan_to_num(flat)
-    mine = torch.stack([flat.sum(), (flat * flat).sum(), (flat * idx).sum(),
-                        torch.tensor(float(finite), dtype=torch.float64)]).to(info.device)
-    everyone = [torch.zeros_like(mine) for _ in range(info.world_size)]
-    dist.all_gather(everyone, mine)
-    differ = [r for r, t in enumerate(everyone) if not torch.equal(t.cpu(), everyone[0].cpu())]
-    if differ:
-        raise RuntimeError(f"parameters differ across ranks after training: ranks {differ} disagree with rank 0")
-
-
-def _train(cfg: RunConfig, info: DistInfo, stop: _StopRequest) -> dict | None:
-    started_at = results.now_iso()
-    run_dir = cfg.run_dir()
-    fault_list = faults.active()
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if info.is_main:
-        _prepare_run_dir(cfg, run_dir)
-    if info.distributed:
-        dist.barrier()  # rank 0 has tidied the folder before anyone reads a checkpoint
-
-    torch.manual_seed(cfg.seed)  # identical initialisation on every rank (DDP also broadcasts)
-    data = make_dataset(cfg)
-    model = build_model(cfg).to(info.device)
-    n_params = count_params(model)
-    ck = checkpoint.load_latest(run_dir)
-    if ck is not None:
-        if ck.get("run_key") != cfg.run_key() or ck.get("world_size") != info.world_size:
-            raise checkpoint.CheckpointError(
-                f"checkpoint {ck['path']}: written by run {ck.get('run_key')} with world size "
-                f"{ck.get('world_size')}, not this run {cfg.run_key()} with world size {info.world_size}")
-        model.load_state_dict(ck["model"])
-    module, comm_timer = wrap_ddp(model, cfg, info)
-    optimizer, n_opt_states = make_optimizer(model, cfg)
-    start_step = 0
-    if ck is not None:
-        optimizer.load_state_dict(ck["optimizer"])
-        checkpoint.set_rng_state(ck["rng"][info.rank], info.device)
-        start_step = int(ck["step"])
-    # Every rank must resume from the same step, or the collectives would pair different steps.
-    span = _all_reduce_cpu(torch.tensor([start_step, -start_step], dtype=torch.float64), info,
-                           dist.ReduceOp.MAX if info.distributed else None)
-    if int(span[0]) != -int(span[1]):
-        raise checkpoint.CheckpointError(f"ranks resumed from different steps ({-int(span[1])}..{int(span[0])})")
-    if ck is not None and info.is_main:
-        print(f"kanlib: resumed from step {start_step} ({ck['path']}), attempt {attempt}", flush=True)
-    del ck
-    autocast = torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
-    writer = results.StepWriter(os.path.join(run_dir, results.STEPS_NAME)) if info.is_main else None
-    reset_peak_memory(info.device)
-
-    # Timing comes from the steps of this attempt only; after a resume the warm-up is skipped
-    # again (DDP rebuilds its buckets), unless that would leave no step measured.
-    measure_from = cfg.warmup_steps + (start_step if start_step else 0)
-    if measure_from >= cfg.steps:
-        measure_from = max(cfg.warmup_steps, start_step)
-    per_step = torch.zeros(cfg.steps - start_step, len(_PHASES), dtype=torch.float64)
-    n_skipped = n_grid_updates = 0
-    clock = time.perf_counter
-    for step in range(start_step, cfg.steps):
-        faults.at_step_start(fault_list, info.rank, step)
-        x, y = data.shard(step, cfg.global_batch, info.rank, info.world_size)
-        x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
-        if cfg.grid_update_every and step and step % cfg.grid_update_every == 0:
-            # Not timed: refit the grids to every rank's batch; all ranks end bitwise equal.
-            update_grid_distributed(model, x)
-            n_grid_updates += 1
-        synchronize(info.device)
-        t0 = clock()
-        with autocast:
-            out = module(x)
-        loss = F.mse_loss(out.float(), y)
-        if faults.due(fault_list, "nan", info.rank, step):
-            loss = loss * float("nan")
-        synchronize(info.device)
-        t1 = clock()
-        loss.backward()
-        synchronize(info.device)
-        t2 = clock()
-        # Not timed: every rank learns whether any loss was non-finite or any rank must stop.
-        bad, stop_now = _agree_flags(not bool(torch.isfinite(loss.detach()).item()), stop.requested, info)
-        t_resume = clock()
-        if bad:
-            if cfg.nan_policy == "stop":
-                raise NonFiniteLoss(f"non-finite loss at step {step} on rank(s) {bad}; nan_policy='stop' "
-                                    f"stops the run on every rank")
-            optimizer.zero_grad(set_to_none=True)  # 'skip': no update on any rank
-            n_skipped += 1
-        else:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        synchronize(info.device)
-        t3 = clock()
-        comm = comm_timer.step_total() if comm_timer is not None else float("nan")
-        row = ((t2 - t0) + (t3 - t_resume), t1 - t0, t2 - t1, t3 - t_resume, comm, loss.item())
-        per_step[step - start_step] = torch.tensor(row, dtype=torch.float64)
-        if writer is not None:
-            writer.write({"step": step, "measured": int(step >= measure_from), "attempt": attempt,
-                          **dict(zip(_PHASES, row))})
-        done = step + 1
-        if done < cfg.steps and (stop_now or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
-            path = _save_checkpoint(run_dir, done, model, optimizer, cfg, info, fault_list)
-            if stop_now:
-                if writer is not None:
-                    writer.close()
-                    results.atomic_write_json(os.path.join(run_dir, PREEMPTED_NAME),
-                                              {"step": done, "checkpoint": path, "at": results.now_iso(),
-                                               "attempt": attempt})
-                    print(f"kanlib: stopped by SIGTERM after step {done}; checkpoint {path}", flush=True)
-                return None
-    if writer is not None:
-        writer.close()
-
-    # The slowest rank sets the pace: per step, the max of each time over ranks, the mean loss.
-    if info.distributed:
-        gathered = [torch.zeros_like(per_step) for _ in range(info.world_size)]
-        dist.all_gather(gathered, per_step)
-        stacked = torch.stack(gathered)  # (world, steps, phases)
-        per_step = stacked.max(dim=0).values
-        per_step[:, -1] = stacked[:, :, -1].mean(dim=0)
-    if cfg.comm_hook != "noop":  # without the network the replicas drift apart by design
-        _check_replicas_agree(model, info)
-    peak_local, peak_kind = peak_memory_bytes(info.device)
-    peak = torch.tensor([float(peak_local)], dtype=torch.float64)
-    if info.distributed:
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    val_loss = evaluate(model, data.x_val, data.y_val, info.device)
-    if not info.is_main:
-        return None
-
-    measured = per_step[measure_from - start_step:]
-    stats = {name: summarize(measured[:, i].tolist()) for i, name in enumerate(_PHASES)}
-    step_stats = stats["step_time_s"]
-    med = {name: s["median"] for name, s in stats.items()}
-    model_path = os.path.join(run_dir, "model.pt")
-    torch.save(model.state_dict(), model_path + ".tmp")
-    os.replace(model_path + ".tmp", model_path)
-    record = {
-        **results.provenance(),
-        "run_id": results.new_run_id(),
-        "run_key": cfg.run_key(),
-        **cfg.to_dict(),
-        "config_backend": cfg.backend,
-        "config_device": cfg.device,
-        "world_size": info.world_size,
-        "backend": info.backend or "none",
-        "device": info.device.type,
-        "started_at": started_at,
-        "finished_at": results.now_iso(),
-        "n_params": n_params,
-        "model_state_bytes": model_state_bytes(model, n_opt_states),
-        "n_measured_steps": int(measured.shape[0]),
-        "step_time_s": step_stats["median"],
-        "step_time_s_p10": step_stats["p10"],
-        "step_time_s_p90": step_stats["p90"],
-        "forward_s": med["forward_s"],
-        "backward_s": med["backward_s"],
-        "optimizer_s": med["optimizer_s"],
-        "comm_total_s": med["comm_total_s"] if comm_timer is not None else None,
-        "n_buckets": comm_timer.n_buckets if comm_timer is not None else None,
-        "samples_per_s": cfg.global_batch / step_stats["median"],
-        "peak_mem_bytes": int(peak.item()),
-        "peak_mem_kind": peak_kind,
-        "final_train_loss": float(per_step[-1, -1]),
-        "final_val_loss": val_loss,
-        "status": "ok",
-        "resumed_from_step": start_step,
-        "attempt": attempt,
-        "n_skipped_steps": n_skipped,
-        "n_grid_updates": n_grid_updates,
-    }
-    results.atomic_write_json(os.path.join(run_dir, results.RECORD_NAME), record)
-    checkpoint.remove_all(run_dir)  # complete: model.pt holds the final parameters
-    return record
-
-
 def main(argv: list[str] | None = None) -> int:
+    distributed.die_with_launcher()
     cfg = RunConfig.from_cli(sys.argv[1:] if argv is None else argv)
-    record = train(cfg)
-    if record is None and os.path.exists(os.path.join(cfg.run_dir(), PREEMPTED_NAME)):
-        return 0  # preempted: the checkpoint and preempted.json say where it stopped
-    if record is not None:
-        print(f"kanlib: world_size={record['world_size']} step_time_s={record['step_time_s']:.6f} "
-              f"samples_per_s={record['samples_per_s']:.1f} final_val_loss={record['final_val_loss']:.6g} "
-              f"record={os.path.join(cfg.run_dir(), results.RECORD_NAME)}", flush=True)
+    rec = train(cfg)
+    if rec is not None:
+        print(f"kanlib: world_size={rec.world_size} step_time_s={rec.step_time_s:.6f} "
+              f"samples_per_s={rec.samples_per_s:.1f} final_val_loss={rec.final_val_loss:.6g} "
+              f"record={os.path.join(cfg.run_dir(), records.RECORD_NAME)}", flush=True)
     return 0
 
 

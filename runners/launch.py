@@ -5,7 +5,7 @@ its output to the console and to ``<run_dir>/launch.log``, and returns the run's
 raises :class:`RunFailed` with the tail of the log when the run fails.
 
 Every attempt ``run`` makes is appended to the study's manifest
-(``out_dir/<study>/manifest.jsonl``, kanlib.results.append_manifest) with its status: ok,
+(``out_dir/<study>/manifest.jsonl``, kanlib.records.append_manifest) with its status: ok,
 failed, timeout (the run-level deadline ``timeout_s`` passed) or preempted (the training
 processes were sent SIGTERM and checkpointed; see kanlib.train). Local runs rendezvous on
 127.0.0.1, port 0 (the OS picks a free one); a launch that still reports an address in use is
@@ -27,7 +27,7 @@ import uuid
 
 import torch
 
-from kanlib import results
+from kanlib import records
 from kanlib.config import ConfigError, RunConfig
 
 ENTRY = ["-m", "kanlib.train"]
@@ -120,7 +120,7 @@ def launch_env(cfg: RunConfig, launcher: str = "local", base: dict | None = None
 
 def read_record(cfg: RunConfig) -> dict | None:
     """The record of a completed run, or None when the run has none yet."""
-    path = os.path.join(cfg.run_dir(), results.RECORD_NAME)
+    path = os.path.join(cfg.run_dir(), records.RECORD_NAME)
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -301,13 +301,13 @@ def run(cfg: RunConfig, *, launcher: str = "local", launcher_opts: dict | None =
     """
     if launcher not in LAUNCHERS:
         raise ConfigError(f"launcher: unknown value {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
-    manifest = results.manifest_path(cfg.out_dir, cfg.study)
+    manifest = records.manifest_path(cfg.out_dir, cfg.study)
     started = time.time()
     row = {"run_key": cfg.run_key(), "study": cfg.study, "world_size": cfg.world_size,
-           "launcher": launcher, "attempt_at": results.now_iso(), "run_dir": cfg.run_dir()}
+           "launcher": launcher, "attempt_at": records.now_iso(), "run_dir": cfg.run_dir()}
 
     def note(status: str, exit_code, error: str = "") -> None:
-        results.append_manifest(manifest, {**row, "status": status, "exit_code": exit_code,
+        records.append_manifest(manifest, {**row, "status": status, "exit_code": exit_code,
                                            "error": error, "duration_s": round(time.time() - started, 3)})
 
     try:
@@ -329,7 +329,7 @@ def run(cfg: RunConfig, *, launcher: str = "local", launcher_opts: dict | None =
         note("failed", None, f"ConfigError: {e}")
         raise
     except KeyboardInterrupt:  # run_command has sent the run SIGTERM and waited for it
-        from kanlib.train import PREEMPTED_NAME
+        from kanlib.records import PREEMPTED_NAME
 
         if os.path.exists(os.path.join(cfg.run_dir(), PREEMPTED_NAME)):
             note("preempted", None, "the launching process was interrupted; the run checkpointed and stopped")
@@ -349,7 +349,7 @@ def _run_local(cfg: RunConfig, *, timeout_s, echo, max_restarts: int, port_retri
     check_environment(cfg)
     run_dir = cfg.run_dir()
     os.makedirs(run_dir, exist_ok=True)
-    from kanlib.train import PREEMPTED_NAME
+    from kanlib.records import PREEMPTED_NAME
 
     marker = os.path.join(run_dir, PREEMPTED_NAME)
     log_path = os.path.join(run_dir, "launch.log")

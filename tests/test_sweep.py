@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kanlib import results
+from kanlib import records, results
 from runhelp import manifest_rows, no_process_left, processes_mentioning, tiny  # noqa: F401
 from runners.sweep import run_sweep
 
@@ -78,7 +78,7 @@ def test_killed_sweep_resumes_only_what_is_missing(tmp_path, sig):
     rows = [(r["run_key"], r["status"]) for r in manifest_rows(configs[0])]
     assert rows == [(configs[0].run_key(), "ok")] + interrupted
     assert os.path.exists(os.path.join(configs[1].run_dir(), "preempted.json"))
-    assert not os.path.exists(os.path.join(configs[1].run_dir(), results.RECORD_NAME))
+    assert not os.path.exists(os.path.join(configs[1].run_dir(), records.RECORD_NAME))
 
     res = run_sweep(configs, progress=False, timeout_s=120)
     assert res.ok and res.skipped == 1 and len(res.records) == 2
@@ -93,19 +93,19 @@ def test_killed_sweep_resumes_only_what_is_missing(tmp_path, sig):
 @pytest.mark.slow
 def test_manifest_tolerates_truncated_line_and_concurrent_appends(tmp_path):
     path = str(tmp_path / "manifest.jsonl")
-    results.append_manifest(path, {"run_key": "a", "status": "ok"})
+    records.append_manifest(path, {"run_key": "a", "status": "ok"})
     with open(path, "a") as f:
         f.write('{"run_key": "b", "stat')  # a writer died mid-line
-    results.append_manifest(path, {"run_key": "c", "status": "failed", "error": "x"})
+    records.append_manifest(path, {"run_key": "c", "status": "failed", "error": "x"})
     with pytest.warns(UserWarning, match="line 2"):
         df = results.load_manifest(path)
     assert df.run_key.tolist() == ["a", "c"] and df.attrs["bad"][0][:2] == (path, 2)
     with pytest.raises(ValueError, match="status: unknown value 'done'"):
-        results.append_manifest(path, {"run_key": "d", "status": "done"})
+        records.append_manifest(path, {"run_key": "d", "status": "done"})
 
     # Many processes appending at once: every line arrives whole.
-    code = ("import sys; sys.path.insert(0, %r); from kanlib import results\n"
-            "for i in range(50): results.append_manifest(%r, {'run_key': f'p{sys.argv[1]}-{i}', 'status': 'ok', "
+    code = ("import sys; sys.path.insert(0, %r); from kanlib import records\n"
+            "for i in range(50): records.append_manifest(%r, {'run_key': f'p{sys.argv[1]}-{i}', 'status': 'ok', "
             "'error': 'x' * 3000})") % (ROOT, path)
     procs = [subprocess.Popen([sys.executable, "-c", code, str(n)]) for n in range(4)]
     assert all(p.wait(timeout=60) == 0 for p in procs)
@@ -115,36 +115,37 @@ def test_manifest_tolerates_truncated_line_and_concurrent_appends(tmp_path):
 
 
 def test_steps_loader_drops_a_truncated_last_line(tmp_path):
-    w = results.StepWriter(str(tmp_path / results.STEPS_NAME))
+    w = records.StepWriter(str(tmp_path / records.STEPS_NAME))
     for s in range(3):
-        w.write({"step": s, "measured": 1, "step_time_s": 0.1, "loss": 1.0, "attempt": 0})
+        w.write(records.StepRow(step=s, measured=1, step_time_s=0.1, loss=1.0))
     w.close()
-    with open(tmp_path / results.STEPS_NAME, "a") as f:
+    with open(tmp_path / records.STEPS_NAME, "a") as f:
         f.write("3,1,0.1")
     with pytest.warns(UserWarning, match="line 5: truncated row"):
         df = results.load_steps(str(tmp_path))
     assert df.step.tolist() == [0, 1, 2]
-    results.truncate_steps(str(tmp_path / results.STEPS_NAME), 2)
+    records.truncate_steps(str(tmp_path / records.STEPS_NAME), 2)
     assert results.load_steps(str(tmp_path)).step.tolist() == [0, 1]
 
 
 def test_corrupt_records_are_named_and_skipped(tmp_path):
     good = tmp_path / "s" / "run-a"
     good.mkdir(parents=True)
-    results.atomic_write_json(str(good / results.RECORD_NAME),
-                              {"schema_version": 1, "study": "s", "world_size": 1, "repeat": 0, "step_time_s": 1.0})
+    records.atomic_write_json(str(good / records.RECORD_NAME),
+                              {"schema_version": 1, "study": "s", "world_size": 1, "repeat": 0, "step_time_s": 1.0,
+                               "global_batch": 64})
     cut = tmp_path / "s" / "run-b"
     cut.mkdir()
-    (cut / results.RECORD_NAME).write_text('{\n "schema_version": 1,\n "study": "s", "step_')
+    (cut / records.RECORD_NAME).write_text('{\n "schema_version": 1,\n "study": "s", "step_')
     junk = tmp_path / "s" / "run-c"
     junk.mkdir()
-    (junk / results.RECORD_NAME).write_text("[1, 2]")
+    (junk / records.RECORD_NAME).write_text("[1, 2]")
     with pytest.warns(UserWarning, match="skipped 2 unreadable"):
         df = results.load_records(str(tmp_path))
     assert len(df) == 1
     bad = {os.path.basename(os.path.dirname(p)): (line, reason) for p, line, reason in df.attrs["bad"]}
     assert bad["run-b"][0] == 3 and bad["run-c"][1].startswith("not a run record")
-    with pytest.raises(results.RecordError, match=f"^{cut / results.RECORD_NAME}, line 3: "):
+    with pytest.raises(results.RecordError, match=f"^{cut / records.RECORD_NAME}, line 3: "):
         results.load_records(str(tmp_path), strict=True)
 
 

@@ -1,0 +1,568 @@
+"""A run's data, defined once: the per-step row, the run record, the manifest row, and their writers.
+
+Everything a run writes is declared here as a dataclass whose fields carry units in their names and a
+docstring; ``docs/schema.md`` is generated from these classes (:func:`schema_markdown`, checked by a
+test). Runtime only: no pandas (analysis lives in kanlib.results).
+
+- :class:`StepRow` - one row of ``steps.csv`` per step (rank 0's times; long format).
+- :class:`RunRecord` - ``record.json``: provenance, the flattened config, measurements, fault counters.
+- :class:`ManifestRow` - one line of ``<study>/manifest.jsonl`` per attempt (written by the runner).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import json
+import math
+import os
+import socket
+import subprocess
+import uuid
+from dataclasses import dataclass, field, fields
+
+SCHEMA_VERSION = 2
+SCHEMA_VERSIONS_READ = (1, 2)
+RECORD_NAME = "record.json"
+STEPS_NAME = "steps.csv"
+CONFIG_NAME = "config.json"
+MANIFEST_NAME = "manifest.jsonl"
+PREEMPTED_NAME = "preempted.json"
+MODEL_NAME = "model.pt"
+ENV_PREFIXES = ("NCCL_", "TORCH_", "GLOO_", "OMP_", "MASTER_", "KANLIB_", "CUDA_VISIBLE_DEVICES")
+
+
+class RecordError(ValueError):
+    """A record file could not be read or fails validation; the message names the file."""
+
+
+def _doc(text: str, reduce: str | None = None) -> dict:
+    return {"doc": text, "reduce": reduce}
+
+
+# -- per step ---------------------------------------------------------------------------------------
+@dataclass
+class StepRow:
+    """One training step as rank 0 saw it (``steps.csv``). Times are wall seconds of this rank.
+
+    ``reduce`` (field metadata) says how the record combines the ranks' values of a step: ``max``
+    (the slowest rank sets the pace), ``mean``, or none (rank 0's value).
+    """
+
+    step: int = field(default=0, metadata=_doc("step index from 0"))
+    measured: int = field(default=0, metadata=_doc("1 when the step counts in the record's timing (after warm-up, "
+                                                    "in the final attempt), else 0"))
+    attempt: int = field(default=0, metadata=_doc("which attempt ran the step (torchrun's restart count); rows "
+                                                   "after a resumed checkpoint are rewritten"))
+    time_unix_s: float = field(default=math.nan, metadata=_doc("wall-clock time at the end of the step (s since the "
+                                                                "Unix epoch)"))
+    step_time_s: float = field(default=math.nan, metadata=_doc("forward + backward + optimizer time (s)", "max"))
+    forward_s: float = field(default=math.nan, metadata=_doc("model forward and loss (s)", "max"))
+    backward_s: float = field(default=math.nan, metadata=_doc("backward, including DDP's gradient all-reduce "
+                                                               "overlapped with it (s)", "max"))
+    optimizer_s: float = field(default=math.nan, metadata=_doc("optimizer step and zeroing (s)", "max"))
+    comm_total_s: float = field(default=math.nan, metadata=_doc(
+        "time the step's gradient communication was in flight: the union of the buckets' launch-to-completion "
+        "intervals (s; NaN without a timed communication hook)", "max"))
+    loss: float = field(default=math.nan, metadata=_doc("training loss on this rank's shard (MSE, or cross-entropy "
+                                                         "for classification)", "mean"))
+    lr: float = field(default=math.nan, metadata=_doc("learning rate used by this step"))
+    val_loss: float = field(default=math.nan, metadata=_doc("validation loss after this step (NaN unless evaluated "
+                                                             "here: every eval_every steps, outside the timed region)"))
+    val_accuracy: float = field(default=math.nan, metadata=_doc("validation accuracy after this step "
+                                                                 "(classification; NaN otherwise)"))
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        """The ``steps.csv`` header, in order."""
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def reduced(cls, how: str) -> list[str]:
+        """The fields combined over ranks by ``how`` (``max`` or ``mean``)."""
+        return [f.name for f in fields(cls) if f.metadata.get("reduce") == how]
+
+
+STEP_COLUMNS = StepRow.columns()
+
+
+class StepWriter:
+    """Appends one CSV row per :class:`StepRow` to ``steps.csv`` and flushes it, so a killed run keeps its rows."""
+
+    def __init__(self, path: str):
+        new = not os.path.exists(path) or os.path.getsize(path) == 0
+        self._f = open(path, "a", newline="")
+        self._w = csv.DictWriter(self._f, fieldnames=STEP_COLUMNS)
+        if new:
+            self._w.writeheader()
+            self._f.flush()
+
+    def write(self, row: StepRow) -> None:
+        self._w.writerow(dataclasses.asdict(row))
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_steps_rows(path: str) -> tuple[list[dict], list[tuple]]:
+    """Rows of a ``steps.csv`` as dicts of strings; unreadable rows go to ``bad`` as ``(file, line, reason)``.
+
+    A last line cut short by a crash is dropped (and named), as is a row with the wrong number of fields.
+    """
+    with open(path, newline="") as f:
+        text = f.read()
+    lines = text.split("\n")
+    complete_last = text.endswith("\n")
+    if complete_last:
+        lines = lines[:-1]
+    if not lines or not lines[0]:
+        return [], []
+    header = lines[0].rstrip("\r").split(",")
+    rows, bad = [], []
+    for i, line in enumerate(lines[1:], start=2):
+        line = line.rstrip("\r")
+        if not line:
+            continue
+        vals = line.split(",")
+        last = i == len(lines) and not complete_last
+        if len(vals) != len(header) or last:
+            bad.append((path, i, "truncated row" if last else f"{len(vals)} fields, expected {len(header)}"))
+            continue
+        try:
+            int(vals[header.index("step")])
+        except ValueError:
+            bad.append((path, i, "step is not an integer"))
+            continue
+        rows.append(dict(zip(header, vals)))
+    return rows, bad
+
+
+def truncate_steps(path: str, before_step: int) -> None:
+    """Rewrite ``steps.csv`` (atomically) keeping only rows of steps before ``before_step``.
+
+    Used when a run resumes from the checkpoint of ``before_step``: rows of steps the failed attempt
+    ran past its checkpoint are redone, so they are dropped, as is a truncated line.
+    """
+    if not os.path.exists(path):
+        return
+    rows, _ = read_steps_rows(path)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=STEP_COLUMNS)
+        w.writeheader()
+        for r in rows:
+            if int(r["step"]) < before_step:
+                w.writerow({k: r.get(k, 0 if k == "attempt" else "") for k in STEP_COLUMNS})
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# -- per run ----------------------------------------------------------------------------------------
+@dataclass
+class Provenance:
+    """Where and with what a run ran."""
+
+    schema_version: int = field(default=SCHEMA_VERSION, metadata=_doc("version of this schema"))
+    code_version: str = field(default="", metadata=_doc("hash of the runtime source files "
+                                                         "(kanlib.config.code_version); part of the run key"))
+    git_sha: str = field(default="unknown", metadata=_doc("commit of the kanlib checkout (`-dirty` when it has "
+                                                           "uncommitted changes), or `unknown`"))
+    torch_version: str = field(default="", metadata=_doc("`torch.__version__`"))
+    cuda_version: str | None = field(default=None, metadata=_doc("`torch.version.cuda`"))
+    nccl_version: str | None = field(default=None, metadata=_doc("NCCL version when CUDA is present"))
+    device_name: str = field(default="cpu", metadata=_doc("GPU name, or `cpu`"))
+    float32_matmul_precision: str = field(default="highest", metadata=_doc(
+        "`torch.get_float32_matmul_precision()` (TF32 on CUDA when not `highest`)"))
+    hostname: str = field(default="", metadata=_doc("host of rank 0"))
+    slurm_job_id: str | None = field(default=None, metadata=_doc("`SLURM_JOB_ID`"))
+    slurm_nodelist: str | None = field(default=None, metadata=_doc("`SLURM_JOB_NODELIST`"))
+    launcher: str = field(default="none", metadata=_doc("`local`, `multinode`, `slurm`, or `none` (plain "
+                                                         "`python -m kanlib.train`)"))
+    env: dict = field(default_factory=dict, metadata=_doc(
+        "every `NCCL_*`, `TORCH_*`, `GLOO_*`, `OMP_*`, `MASTER_*`, `KANLIB_*` variable and `CUDA_VISIBLE_DEVICES`"))
+
+
+def git_sha() -> str:
+    """The commit of the checkout this package runs from (``-dirty`` when edited), or 'unknown'."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        sha = out.stdout.strip()
+        if out.returncode == 0 and sha:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                                   capture_output=True, text=True, timeout=5).stdout.strip()
+            return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def provenance() -> Provenance:
+    """This process's provenance: versions, host, SLURM job, relevant environment variables."""
+    import torch
+
+    from kanlib.config import code_version
+
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception:  # NCCL missing from this build
+            nccl = None
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    return Provenance(
+        code_version=code_version(), git_sha=git_sha(), torch_version=torch.__version__,
+        cuda_version=torch.version.cuda, nccl_version=nccl,
+        device_name=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        float32_matmul_precision=torch.get_float32_matmul_precision(), hostname=socket.gethostname(),
+        slurm_job_id=os.environ.get("SLURM_JOB_ID"), slurm_nodelist=os.environ.get("SLURM_JOB_NODELIST"),
+        launcher=os.environ.get("KANLIB_LAUNCHER", "local" if "RANK" in os.environ else "none"), env=env)
+
+
+@dataclass
+class RunRecord:
+    """``record.json`` of a training run. The config's fields are stored at the top level under their own
+    names, except ``backend`` and ``device``, which hold the values used (the requested ones are kept as
+    ``config_backend`` and ``config_device``). Medians are over the measured steps of the per-step
+    maximum over ranks."""
+
+    provenance: Provenance
+    config: dict
+    run_id: str = field(default="", metadata=_doc("unique id of this attempt (UTC time + random suffix)"))
+    run_key: str = field(default="", metadata=_doc("stable key of the config and code version; the folder name"))
+    status: str = field(default="ok", metadata=_doc("`ok`"))
+    config_backend: str = field(default="", metadata=_doc("backend asked for (`auto`, `gloo`, `nccl`)"))
+    config_device: str = field(default="", metadata=_doc("device asked for (`auto`, `cpu`, `cuda`)"))
+    backend: str = field(default="none", metadata=_doc("process-group backend used (`gloo`, `nccl`, or `none` for "
+                                                        "one process without torchrun)"))
+    device: str = field(default="cpu", metadata=_doc("device type used (`cpu`, `cuda`)"))
+    world_size: int = field(default=1, metadata=_doc("processes in the job (`nnodes * nproc_per_node`)"))
+    started_at: str = field(default="", metadata=_doc("wall-clock start of the run (rank 0, ISO 8601 UTC)"))
+    finished_at: str = field(default="", metadata=_doc("wall-clock end of the run (rank 0, ISO 8601 UTC)"))
+    n_params: int = field(default=0, metadata=_doc("trainable parameters"))
+    model_state_bytes: int = field(default=0, metadata=_doc("bytes of parameters + gradients + optimizer states "
+                                                             "(analytic, whole model)"))
+    kan_path: str = field(default="", metadata=_doc("KAN kernel path(s) that actually ran (`compiled`, `fast`, "
+                                                     "`reference`; several joined by `+`); empty for other models"))
+    n_measured_steps: int = field(default=0, metadata=_doc("steps timed: after warm-up, in the final attempt"))
+    step_time_s: float = field(default=math.nan, metadata=_doc("median step time (s)"))
+    step_time_s_p10: float = field(default=math.nan, metadata=_doc("10th percentile of the step time (s)"))
+    step_time_s_p90: float = field(default=math.nan, metadata=_doc("90th percentile of the step time (s)"))
+    forward_s: float = field(default=math.nan, metadata=_doc("median forward time (s)"))
+    backward_s: float = field(default=math.nan, metadata=_doc("median backward time (s), including DDP's overlapped "
+                                                               "all-reduce"))
+    optimizer_s: float = field(default=math.nan, metadata=_doc("median optimizer time (s)"))
+    samples_per_s: float = field(default=math.nan, metadata=_doc("`global_batch / step_time_s` (1/s)"))
+    wall_samples_per_s: float = field(default=math.nan, metadata=_doc(
+        "samples per second of wall time over the measured steps, everything between them included (1/s)"))
+    comm_total_s: float | None = field(default=None, metadata=_doc(
+        "median per-step union of bucket communication intervals (s; only with a timed hook)"))
+    n_buckets: int | None = field(default=None, metadata=_doc("gradient buckets per step (only with a timed hook)"))
+    bucket_bytes: list | None = field(default=None, metadata=_doc("bytes of each bucket, in the order DDP "
+                                                                   "launched them (only with a timed hook)"))
+    emulated_s: float | None = field(default=None, metadata=_doc(
+        "median per-step delay the emulated link added, summed over buckets (s; only with emulation)"))
+    compile_s: float = field(default=0.0, metadata=_doc("time this process spent compiling kernels (s, rank 0)"))
+    time_to_first_step_s: float = field(default=math.nan, metadata=_doc(
+        "process start to the start of the first step: imports, rendezvous, data, model (s, rank 0)"))
+    peak_mem_bytes: int = field(default=0, metadata=_doc("maximum over ranks of the peak memory of the measured "
+                                                          "steps (see `peak_mem_kind`)"))
+    peak_mem_kind: str = field(default="", metadata=_doc("`cuda_max_allocated` (allocator peak after warm-up) or "
+                                                          "`cpu_peak_rss` (process peak resident set)"))
+    peak_reserved_bytes: int | None = field(default=None, metadata=_doc(
+        "CUDA: maximum over ranks of the allocator's peak reserved memory (null on CPU)"))
+    device_used_bytes: int | None = field(default=None, metadata=_doc(
+        "CUDA: maximum over ranks of total - free device memory at the end (`mem_get_info`; includes NCCL buffers "
+        "and the CUDA context; null on CPU)"))
+    final_train_loss: float = field(default=math.nan, metadata=_doc("training loss of the last step's global batch "
+                                                                     "(mean over ranks)"))
+    final_val_loss: float = field(default=math.nan, metadata=_doc("validation loss after training"))
+    final_val_accuracy: float | None = field(default=None, metadata=_doc(
+        "validation accuracy after training (classification; null otherwise)"))
+    chance_accuracy: float | None = field(default=None, metadata=_doc(
+        "accuracy of always predicting the most frequent training class (classification; null otherwise)"))
+    reached_target: bool | None = field(default=None, metadata=_doc(
+        "whether the validation loss reached `target_val_loss` (null without a target)"))
+    steps_to_target: int | None = field(default=None, metadata=_doc("optimizer steps until the target was reached"))
+    samples_to_target: int | None = field(default=None, metadata=_doc("training samples until the target was reached"))
+    time_to_target_s: float | None = field(default=None, metadata=_doc(
+        "training wall time until the target was reached (s; sum of step wall times, evaluations excluded)"))
+    resumed_from_step: int = field(default=0, metadata=_doc("step the final attempt started from (0, or the step "
+                                                             "of the checkpoint it resumed)"))
+    attempt: int = field(default=0, metadata=_doc("attempt number of the final attempt (torchrun's restart count)"))
+    n_skipped_steps: int = field(default=0, metadata=_doc("steps whose update was skipped on every rank for a "
+                                                           "non-finite loss (`nan_policy=skip`)"))
+    n_grid_updates: int = field(default=0, metadata=_doc("grid refits of this attempt (`grid_update_every`)"))
+
+    def to_dict(self) -> dict:
+        """The flat JSON object of ``record.json``."""
+        out = {**self.config}
+        out.update(dataclasses.asdict(self.provenance))
+        for f in fields(self):
+            if f.name not in ("provenance", "config"):
+                out[f.name] = getattr(self, f.name)
+        return out
+
+
+MEASUREMENT_FIELDS = [f.name for f in fields(RunRecord) if f.name not in ("provenance", "config")]
+
+
+@dataclass
+class ManifestRow:
+    """One attempt of one run, appended to ``<study>/manifest.jsonl`` by the runner."""
+
+    run_key: str = field(metadata=_doc("which run"))
+    study: str = field(default="", metadata=_doc("the run's study"))
+    world_size: int = field(default=1, metadata=_doc("processes in the run"))
+    placement: str = field(default="1x1", metadata=_doc("nodes x processes per node"))
+    launcher: str = field(default="local", metadata=_doc("`local`, `multinode` or `slurm`"))
+    run_dir: str = field(default="", metadata=_doc("the run's folder"))
+    status: str = field(default="failed", metadata=_doc(
+        "`ok`, `failed`, `timeout` (the runner's deadline passed) or `preempted` (SIGTERM; a checkpoint was saved)"))
+    exit_code: int | None = field(default=None, metadata=_doc("the launcher's exit code; null for a timeout or a "
+                                                               "config refused before launch"))
+    error: str = field(default="", metadata=_doc("the root cause: the first error line of the failing rank, a signal "
+                                                  "that killed a process, or the deadline"))
+    attempt_at: str = field(default="", metadata=_doc("when the attempt started (UTC, ISO 8601)"))
+    duration_s: float = field(default=0.0, metadata=_doc("how long the attempt took (s)"))
+    pid: int = field(default=0, metadata=_doc("process id of the runner that made the attempt"))
+
+
+MANIFEST_STATUSES = ("ok", "failed", "timeout", "preempted")
+
+
+def manifest_path(out_dir: str, study: str) -> str:
+    """``out_dir/<study>/manifest.jsonl``."""
+    return os.path.join(out_dir, study, MANIFEST_NAME)
+
+
+def append_manifest(path: str, row: ManifestRow | dict) -> None:
+    """Append ``row`` as one JSON line with a single ``O_APPEND`` write.
+
+    Concurrent appenders do not interleave (one ``write`` of a line to a local file in append mode
+    lands whole). When the file ends in a line cut short by a crash, a newline is written first so the
+    new row starts on its own line (the cut line stays unreadable and is skipped when loading).
+    """
+    row = dataclasses.asdict(row) if isinstance(row, ManifestRow) else dict(row)
+    if row.get("status") not in MANIFEST_STATUSES:
+        raise ValueError(f"status: unknown value {row.get('status')!r}; choose one of {', '.join(MANIFEST_STATUSES)}")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    line = json.dumps(row, sort_keys=True, default=_json_default) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size:
+            with open(path, "rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    line = "\n" + line
+        _write_all(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    n = os.write(fd, data)
+    if n != len(data):  # a full disk: say so rather than leave half a line
+        raise OSError(f"wrote {n} of {len(data)} bytes (disk full?)")
+
+
+def read_manifest_rows(path: str) -> tuple[list[dict], list[tuple]]:
+    """Rows of a manifest in the order written, and the unreadable lines as ``(file, line, reason)``."""
+    rows, bad = [], []
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            for i, raw in enumerate(f.read().split(b"\n"), start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    obj = json.loads(raw)
+                    if not isinstance(obj, dict) or "run_key" not in obj or "status" not in obj:
+                        raise ValueError("not a manifest row (no run_key or status)")
+                except ValueError as e:
+                    bad.append((path, i, getattr(e, "msg", None) or str(e)))
+                    continue
+                rows.append(obj)
+    return rows, bad
+
+
+# -- writing ----------------------------------------------------------------------------------------
+def new_run_id() -> str:
+    """A unique id for one attempt of a run."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def atomic_write_json(path: str, obj) -> None:
+    """Write ``obj`` to a temporary file, fsync it and rename it into place (a crash or a full disk
+    leaves the old file, or none, never half a file; the temporary file is removed)."""
+    if dataclasses.is_dataclass(obj):
+        obj = obj.to_dict() if hasattr(obj, "to_dict") else dataclasses.asdict(obj)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=True, default=_json_default)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _json_default(o):
+    import numpy as np
+
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, tuple):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+# -- reading and checking ---------------------------------------------------------------------------
+# Record fields that must be finite and positive for a record to be used, and those that must be
+# finite and non-negative when present.
+_POSITIVE = ("step_time_s", "world_size", "global_batch")
+_NON_NEGATIVE = ("forward_s", "backward_s", "optimizer_s", "comm_total_s", "peak_mem_bytes", "n_params",
+                 "emulated_s")
+
+
+def check_record(rec) -> str | None:
+    """Why ``rec`` (a parsed ``record.json``) cannot be used, or None when it is a valid record.
+
+    Checks the schema version and the value ranges of the measurements: a NaN, zero or negative step
+    time, a non-numeric field, an unknown schema version are reasons to refuse it.
+    """
+    if not isinstance(rec, dict) or "schema_version" not in rec:
+        return "not a run record (no schema_version)"
+    if rec["schema_version"] not in SCHEMA_VERSIONS_READ:
+        return f"schema_version {rec['schema_version']!r} is not one this version reads ({SCHEMA_VERSIONS_READ})"
+    for name in _POSITIVE + _NON_NEGATIVE:
+        v = rec.get(name)
+        if v is None and name not in _POSITIVE:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"{name} is {v!r}, not a number"
+        if not math.isfinite(v) or (v <= 0 if name in _POSITIVE else v < 0):
+            return f"{name} is {v!r}, outside its range ({'> 0' if name in _POSITIVE else '>= 0'}, finite)"
+    if rec.get("status", "ok") != "ok":
+        return f"status is {rec.get('status')!r}, not 'ok'"
+    return None
+
+
+def read_record(path: str) -> dict:
+    """A validated ``record.json``; :class:`RecordError` names the file, the line and the reason otherwise."""
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+    except (OSError, ValueError) as e:
+        line = getattr(e, "lineno", None)
+        raise RecordError(f"{path}" + (f", line {line}" if line else "") + f": {getattr(e, 'msg', None) or e}") from e
+    why = check_record(rec)
+    if why:
+        raise RecordError(f"{path}: {why}")
+    return rec
+
+
+# -- the generated schema ---------------------------------------------------------------------------
+def _type_name(f) -> str:
+    t = str(f.type).replace("typing.", "")
+    return t.replace("| None", "or null").replace("list", "list").replace("dict", "object").strip()
+
+
+def _rows(cls, skip=()) -> list[str]:
+    out = []
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        out.append(f"| `{f.name}` | {_type_name(f)} | {f.metadata.get('doc', '')} |")
+    return out
+
+
+def schema_markdown() -> str:
+    """``docs/schema.md``, generated from :class:`Provenance`, :class:`RunRecord`, :class:`StepRow` and
+    :class:`ManifestRow` (``python -m kanlib.records > docs/schema.md``; a test keeps them equal)."""
+    lines = [
+        f"# Result records (schema version {SCHEMA_VERSION})",
+        "",
+        "Generated from the dataclasses in `kanlib/records.py` by `python -m kanlib.records > docs/schema.md`;",
+        "a test fails when this file and the code differ. Units are in the field names (`_s` seconds, `_bytes`",
+        "bytes, `_per_s` per second).",
+        "",
+        "Each run writes one folder, `out_dir/<study>/<run_key>/`, with:",
+        "",
+        "| file | written | content |",
+        "|---|---|---|",
+        f"| `{CONFIG_NAME}` | first, by rank 0 | the run's `RunConfig` as JSON |",
+        f"| `{STEPS_NAME}` | one row per step, appended and flushed as it comes (rank 0) | `StepRow`, below |",
+        "| `launch.log` (`launch-node<i>.log`, `slurm-<job>.log`) | by the runner | the launch command and every "
+        "line the run printed |",
+        f"| `{MODEL_NAME}` | at the end (rank 0) | the final `state_dict`, on CPU (`torch.load(..., weights_only=True)`) |",
+        "| `checkpoints/ckpt-<step>.pt`, `checkpoints/latest` | every `checkpoint_every` steps and on SIGTERM | "
+        "resumable state; removed once the record exists ([faults](faults.md)) |",
+        f"| `{PREEMPTED_NAME}` | when SIGTERM stopped the run | step, checkpoint, time, attempt |",
+        f"| `{RECORD_NAME}` | last, atomically (temporary file, fsync, rename) | `RunRecord`, below; its presence "
+        "marks the run complete |",
+        "",
+        f"## `{RECORD_NAME}`",
+        "",
+        RunRecord.__doc__.strip().replace("\n    ", " ").replace("``", "`"),
+        "Every field of `kanlib.config.RunConfig` (see its field docstrings) is there too.",
+        "",
+        "| field | type | meaning |",
+        "|---|---|---|",
+        *_rows(Provenance),
+        *_rows(RunRecord, skip=("provenance", "config")),
+        "",
+        "Derived quantities (speedup, efficiency, Karp-Flatt serial fraction, exposed communication, bootstrap",
+        "intervals) are computed from records by `kanlib.results`, never stored. `kanlib.results.load_records`",
+        "refuses records that fail `kanlib.records.check_record` (unknown schema version, NaN or non-positive",
+        "step time, non-numeric measurements) and names them.",
+        "",
+        f"## `{STEPS_NAME}`",
+        "",
+        StepRow.__doc__.strip().split("\n\n")[0].replace("\n    ", " ").replace("``", "`"),
+        "",
+        "| column | type | meaning |",
+        "|---|---|---|",
+        *_rows(StepRow),
+        "",
+        f"## `<study>/{MANIFEST_NAME}`",
+        "",
+        ManifestRow.__doc__.strip().replace("``", "`"),
+        "",
+        "| field | type | meaning |",
+        "|---|---|---|",
+        *_rows(ManifestRow),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(schema_markdown(), end="")
