@@ -1,16 +1,33 @@
-"""The four experiments of the study, each a function returning the list of RunConfigs to run.
+"""The experiments of the study, each a function returning the list of configs to run.
 
-Every point is repeated ``repeats`` times (separate processes, ``repeat`` = 0..repeats-1).
-``base`` carries everything a study does not vary (model, task, steps, out_dir, ...).
+Every point is repeated ``repeats`` times (separate processes, ``repeat`` = 0..repeats-1); ``base``
+carries everything a study does not vary (model, task, steps, out_dir, ...). Where a study spans process
+counts it takes ``placements``: ``"NxP"`` strings (N nodes x P processes per node), so one world size can
+be measured at several placements (``["1x1", "1x2", "2x1"]``: 2 processes on one node and on two). The
+older ``world_sizes`` (+ ``procs_per_node``) form is still accepted and becomes placements.
 """
 
 from __future__ import annotations
 
+import re
+
 from kanlib.config import ConfigError, RunConfig
+
+_PLACEMENT = re.compile(r"(\d+)x(\d+)")
+
+
+def parse_placement(p) -> tuple[int, int]:
+    """``"2x4"`` -> ``(2, 4)`` (nodes, processes per node); a ConfigError names a malformed one."""
+    m = _PLACEMENT.fullmatch(str(p).strip())
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise ConfigError(f"placements: {p!r} is not NxP (N nodes x P processes per node, both >= 1), e.g. '2x1'")
+    return int(m.group(1)), int(m.group(2))
 
 
 def _split(world_size: int, procs_per_node: int | None) -> tuple[int, int]:
     """World size as nodes x processes per node (all on one node unless ``procs_per_node`` > 0)."""
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ConfigError(f"world_sizes: {world_size!r} is not a positive integer")
     if not procs_per_node:
         return 1, world_size
     if world_size % procs_per_node and world_size > procs_per_node:
@@ -18,74 +35,159 @@ def _split(world_size: int, procs_per_node: int | None) -> tuple[int, int]:
     return max(1, world_size // procs_per_node), min(world_size, procs_per_node)
 
 
-def _repeat(cfgs: list[RunConfig], repeats: int) -> list[RunConfig]:
-    if repeats <= 0:
-        raise ConfigError(f"repeats: must be positive, got {repeats}")
+def placements_of(world_sizes=None, placements=None, procs_per_node: int | None = None) -> list[tuple[int, int]]:
+    """The (nodes, processes per node) points of a study: ``placements`` and/or ``world_sizes``, in order,
+    each once."""
+    if world_sizes is None and placements is None:
+        raise ConfigError("placements: give placements (e.g. ['1x1', '1x2', '2x1']) or world_sizes")
+    for name, v in (("world_sizes", world_sizes), ("placements", placements)):
+        if v is not None and (isinstance(v, (str, bytes, int)) or not hasattr(v, "__iter__")):
+            raise ConfigError(f"{name}: expected a list, got {v!r}")
+    out = [_split(n, procs_per_node) for n in (world_sizes or [])]
+    out += [parse_placement(p) for p in (placements or [])]
+    seen, unique = set(), []
+    for p in out:
+        if p not in seen:
+            seen.add(p)
+            unique.append(p)
+    if not unique:
+        raise ConfigError("placements: the study has no point (empty placements and world_sizes)")
+    return unique
+
+
+def _repeat(cfgs: list, repeats: int) -> list:
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats <= 0:
+        raise ConfigError(f"repeats: must be a positive integer, got {repeats!r}")
     return [c.replace(repeat=r) for r in range(repeats) for c in cfgs]
 
 
-def strong_scaling(world_sizes, base: RunConfig, repeats: int = 1, procs_per_node: int | None = None):
-    """Fixed global batch (``base.global_batch``), growing world size."""
+def _unique(cfgs: list) -> list:
+    seen, out = set(), []
+    for c in cfgs:
+        if c.run_key() not in seen:
+            seen.add(c.run_key())
+            out.append(c)
+    return out
+
+
+def strong_scaling(world_sizes=None, base: RunConfig | None = None, repeats: int = 1,
+                   procs_per_node: int | None = None, placements=None, global_batches=None, widths_list=None):
+    """Fixed global batch, growing process count, at each placement. ``global_batches`` and
+    ``widths_list`` (optional) add points of more or less work per process: each (batch, widths) is its
+    own strong-scaling series, from latency-bound to compute-bound."""
+    base = base or RunConfig()
+    batches = list(global_batches or [base.global_batch])
+    widths = [tuple(w) for w in (widths_list or [base.widths])]
     cfgs = []
-    for n in world_sizes:
-        nodes, ppn = _split(n, procs_per_node)
-        cfgs.append(base.replace(study="strong_scaling", nnodes=nodes, nproc_per_node=ppn))
+    for w in widths:
+        for b in batches:
+            for nodes, ppn in placements_of(world_sizes, placements, procs_per_node):
+                cfgs.append(base.replace(study="strong_scaling", nnodes=nodes, nproc_per_node=ppn,
+                                         global_batch=int(b), widths=w, n_train=max(base.n_train, int(b))))
     return _repeat(cfgs, repeats)
 
 
-def weak_scaling(world_sizes, base: RunConfig, per_process_batches=(64,), repeats: int = 1,
-                 procs_per_node: int | None = None):
-    """Fixed per-process batch, growing world size (global batch = per-process batch x N)."""
+def weak_scaling(world_sizes=None, base: RunConfig | None = None, per_process_batches=(64,), repeats: int = 1,
+                 procs_per_node: int | None = None, placements=None):
+    """Fixed per-process batch, growing process count (global batch = per-process batch x N). Every point
+    trains on the same data set (n_train large enough for the largest global batch)."""
+    base = base or RunConfig()
+    points = placements_of(world_sizes, placements, procs_per_node)
+    n_train = max([base.n_train] + [int(b) * n * p for b in per_process_batches for n, p in points])
     cfgs = []
     for b in per_process_batches:
-        for n in world_sizes:
-            nodes, ppn = _split(n, procs_per_node)
+        for nodes, ppn in points:
             cfgs.append(base.replace(study="weak_scaling", nnodes=nodes, nproc_per_node=ppn,
-                                     global_batch=b * n, n_train=max(base.n_train, b * n)))
+                                     global_batch=int(b) * nodes * ppn, n_train=n_train))
     return _repeat(cfgs, repeats)
 
 
-def communication(world_sizes, base: RunConfig, bucket_caps_mb=(25.0,), nccl_algos=("",), repeats: int = 1,
-                  procs_per_node: int | None = None):
-    """For each world size, bucket size and NCCL algorithm: one run with the timed all-reduce and
-    one with the no-op hook, so exposed communication = T_allreduce - T_noop (kanlib.results)."""
+def communication(world_sizes=None, base: RunConfig | None = None, bucket_caps_mb=(25.0,), nccl_algos=("",),
+                  repeats: int = 1, procs_per_node: int | None = None, placements=None, comm_hooks=("timed",),
+                  emulate_latency_s: float = 0.0, emulate_bandwidth_bytes_per_s: float = 0.0):
+    """For each placement, bucket size, NCCL algorithm and communication hook: one run with that hook
+    (timed all-reduce, or bf16/fp16/powersgd) and one with the no-op hook, so exposed communication =
+    T_hook - T_noop (kanlib.results). Single-process placements are skipped (nothing to communicate).
+    ``emulate_*`` put an emulated inter-node link under the multi-node placements (kanlib.hooks)."""
+    base = base or RunConfig()
     cfgs = []
     for algo in nccl_algos:
         for cap in bucket_caps_mb:
-            for n in world_sizes:
-                nodes, ppn = _split(n, procs_per_node)
-                for hook in ("timed", "noop"):
-                    cfgs.append(base.replace(study="communication", nnodes=nodes, nproc_per_node=ppn,
-                                             bucket_cap_mb=float(cap), nccl_algo=algo, comm_hook=hook))
-    return _repeat(cfgs, repeats)
+            for nodes, ppn in placements_of(world_sizes, placements, procs_per_node):
+                if nodes * ppn < 2:
+                    continue
+                for hook in (*comm_hooks, "noop"):
+                    emulate = hook != "noop" and nodes > 1
+                    cfgs.append(base.replace(
+                        study="communication", nnodes=nodes, nproc_per_node=ppn, bucket_cap_mb=float(cap),
+                        nccl_algo=algo, comm_hook=hook,
+                        emulate_latency_s=float(emulate_latency_s) if emulate else 0.0,
+                        emulate_bandwidth_bytes_per_s=float(emulate_bandwidth_bytes_per_s) if emulate else 0.0))
+    return _repeat(_unique(cfgs), repeats)
 
 
-def model_size(width_list, base: RunConfig, grid_sizes=(5,), depths=None, with_mlp: bool = True,
-               repeats: int = 1, world_size: int = 1):
-    """A sweep over hidden width, depth and grid size; each KAN beside an MLP with a matched
-    parameter count (kanlib.model.matched_mlp), same data and batch.
+def model_size(width_list, base: RunConfig | None = None, grid_sizes=(5,), depths=None, with_mlp: bool = True,
+               repeats: int = 1, world_size: int = 1, parallelisms=("ddp",)):
+    """A sweep over hidden width, depth and grid size; each KAN beside an MLP with a matched parameter count
+    (kanlib.model.matched_mlp), same data and batch; each under every ``parallelisms`` (ddp, fsdp).
 
     ``width_list``: hidden widths; ``depths``: numbers of hidden layers (default: that of ``base``).
     """
     from kanlib.model import KAN, matched_mlp
 
+    base = base or RunConfig()
     depths = depths or (len(base.widths) - 2,)
     d_in, d_out = base.widths[0], base.widths[-1]
     cfgs = []
-    for depth in depths:
-        for w in width_list:
-            widths = (d_in, *([int(w)] * depth), d_out)
-            for g in grid_sizes:
-                kan = base.replace(study="model_size", model="kan", widths=widths, grid_size=int(g),
-                                   nproc_per_node=world_size)
-                cfgs.append(kan)
-                if with_mlp:
-                    mlp = matched_mlp(KAN(widths, grid_size=int(g), spline_order=base.spline_order))
-                    cfgs.append(kan.replace(model="mlp", widths=tuple(mlp.widths), grid_size=base.grid_size))
+    for par in parallelisms:
+        for depth in depths:
+            for w in width_list:
+                widths = (d_in, *([int(w)] * depth), d_out)
+                for g in grid_sizes:
+                    kan = base.replace(study="model_size", model="kan", widths=widths, grid_size=int(g),
+                                       nproc_per_node=world_size, parallelism=par)
+                    cfgs.append(kan)
+                    if with_mlp:
+                        mlp = matched_mlp(KAN(widths, grid_size=int(g), spline_order=base.spline_order,
+                                              impl="reference"))
+                        cfgs.append(kan.replace(model="mlp", widths=tuple(mlp.widths), grid_size=base.grid_size))
     # an MLP matched to several grid sizes can repeat: keep each config once
-    seen, unique = set(), []
-    for c in cfgs:
-        if c.run_key() not in seen:
-            seen.add(c.run_key())
-            unique.append(c)
-    return _repeat(unique, repeats)
+    return _repeat(_unique(cfgs), repeats)
+
+
+def time_to_accuracy(base: RunConfig | None = None, placements=("1x1", "1x2"), target_val_loss: float = 0.05,
+                     eval_every: int = 10, mode: str = "strong", per_process_batch: int = 64,
+                     lr_rules=("none",), lr_warmup_steps: int = 0, repeats: int = 1):
+    """Train each placement until the validation loss reaches ``target_val_loss`` (or ``base.steps`` run
+    out), evaluating every ``eval_every`` steps outside the timed region.
+
+    ``mode='strong'``: the global batch stays ``base.global_batch`` (the time-to-target speedup should
+    equal the step speedup); ``mode='weak'``: global batch = ``per_process_batch`` x N, with each of
+    ``lr_rules`` (none, linear, sqrt relative to the one-process batch) - what the larger batch costs in
+    statistical efficiency.
+    """
+    base = base or RunConfig()
+    if mode not in ("strong", "weak"):
+        raise ConfigError(f"mode: unknown value {mode!r}; choose strong or weak")
+    points = placements_of(None, placements)
+    cfgs = []
+    for rule in (lr_rules if mode == "weak" else ("none",)):
+        for nodes, ppn in points:
+            n = nodes * ppn
+            batch = base.global_batch if mode == "strong" else per_process_batch * n
+            cfgs.append(base.replace(
+                study="time_to_accuracy", nnodes=nodes, nproc_per_node=ppn, global_batch=batch,
+                n_train=max(base.n_train, batch), target_val_loss=float(target_val_loss), eval_every=eval_every,
+                lr_rule=rule, lr_base_batch=per_process_batch if rule != "none" else 0,
+                lr_warmup_steps=lr_warmup_steps))
+    return _repeat(cfgs, repeats)
+
+
+def compounding(base: RunConfig | None = None, placements=("1x1", "1x2", "2x1"), impls=("reference", "fast", "compiled"),
+                repeats: int = 1):
+    """The KAN layer implementation crossed with placement: does a faster kernel's speedup multiply with
+    the data-parallel speedup, or does it expose communication and lower the efficiency?"""
+    base = base or RunConfig()
+    cfgs = [base.replace(study="compounding", model="kan", kan_impl=impl, nnodes=nodes, nproc_per_node=ppn)
+            for impl in impls for nodes, ppn in placements_of(None, placements)]
+    return _repeat(cfgs, repeats)

@@ -160,17 +160,21 @@ def test_busy_default_port_does_not_break_a_run(tmp_path):
 
 @pytest.mark.slow
 def test_address_in_use_is_relaunched(tmp_path, monkeypatch):
-    real = launch.run_command
+    from runners import local
+
+    real = local.start_torchrun
     calls = []
 
-    def flaky(cmd, env, log_path, **kw):
+    def flaky(cmd, env, log_path):
         calls.append(cmd)
-        if len(calls) == 1:
-            return 1, "RuntimeError: The server socket has failed to listen on any local network address. " \
-                      "port: 29500, useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use\n"
-        return real(cmd, env, log_path, **kw)
+        if len(calls) == 1:  # the first attempt hits a port taken between picking and binding it
+            fail = ["-c", "import sys; print('RuntimeError: The server socket has failed to listen on any local "
+                          "network address. port: 29500, useIpv6: 0, code: -98, name: EADDRINUSE, message: address "
+                          "already in use'); sys.exit(1)"]
+            return real([cmd[0], *fail], env, log_path)
+        return real(cmd, env, log_path)
 
-    monkeypatch.setattr(launch, "run_command", flaky)
+    monkeypatch.setattr(local, "start_torchrun", flaky)
     cfg = tiny(tmp_path, steps=10)
     assert run(cfg, echo=False, timeout_s=120)["status"] == "ok"
     assert len(calls) == 2 and [r["status"] for r in manifest_rows(cfg)] == ["ok"]
@@ -202,7 +206,9 @@ def test_machine_cannot_run_config_refused_before_launch(tmp_path, changes, fiel
     if torch.cuda.is_available() and field != "nproc_per_node":
         pytest.skip("this machine has a GPU")
     started = []
-    monkeypatch.setattr(launch, "run_command", lambda *a, **k: started.append(a) or (0, ""))
+    from runners import local
+
+    monkeypatch.setattr(local, "start_torchrun", lambda *a, **k: started.append(a))
     cfg = tiny(tmp_path, **changes)
     with pytest.raises(ConfigError, match=f"^{field}: "):
         run(cfg, echo=False)

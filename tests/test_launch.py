@@ -100,12 +100,18 @@ def test_ddp_two_processes_equal_one_process_on_the_same_global_batch(tmp_path):
 @pytest.mark.slow
 def test_failed_run_raises_with_log_tail(tmp_path, monkeypatch):
     import runners.launch as launch
+    from dataclasses import dataclass
 
-    script = tmp_path / "fail.py"
-    script.write_text("import os, sys\nprint('boom from rank', os.environ['RANK'])\nsys.exit(3)\n")
-    monkeypatch.setattr(launch, "ENTRY", [str(script)])
+    # Any Config subclass runs its own ENTRY module: here one whose ranks print and exit 3.
+    (tmp_path / "failmod.py").write_text("import os, sys\nprint('boom from rank', os.environ['RANK'])\nsys.exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+
+    @dataclass
+    class FailingConfig(RunConfig):
+        ENTRY = "failmod"  # a class attribute (no annotation: not a field)
+
     with pytest.raises(launch.RunFailed) as e:
-        run(tiny(tmp_path, nproc_per_node=2), echo=False)
+        run(FailingConfig(**tiny(tmp_path, nproc_per_node=2).to_dict()), echo=False)
     assert "exited with code 1" in str(e.value) and "boom from rank" in e.value.log_tail
     assert e.value.returncode == 1
 

@@ -1,0 +1,122 @@
+"""Pure pieces shared by every launcher: the torchrun command line, the run's environment, and the check
+that this machine can run a config at all. No process is started here.
+
+A config is any :class:`kanlib.config.Config` (a training run's RunConfig, a collective benchmark's
+BenchConfig): torchrun runs ``python -m <type(cfg).ENTRY> --key=value ...``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+
+from kanlib.config import Config, ConfigError
+
+SHUTDOWN_GRACE_S = 15  # SIGTERM to SIGKILL, for torchrun's workers (a preempted run checkpoints)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def available_cpus() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def uses_cuda(cfg: Config) -> bool:
+    return cfg.device == "cuda" or (cfg.device == "auto" and visible_gpus() > 0)
+
+
+def check_environment(cfg: Config, launcher: str = "local") -> None:
+    """Refuse, before any process starts, a config this machine cannot run (names the field).
+
+    ``local`` and ``multinode`` put every process of the run on this host (nnodes torchruns for
+    multinode), so all ``world_size`` processes need a GPU each (CUDA) or a core each (CPU; shared cores
+    would make the timings meaningless). ``slurm`` runs elsewhere: only what the submit host can know.
+    """
+    wants_cuda = cfg.device == "cuda" or cfg.backend == "nccl"
+    if launcher == "slurm":
+        return
+    gpus = visible_gpus()
+    if wants_cuda and not gpus:
+        field = "device" if cfg.device == "cuda" else "backend"
+        raise ConfigError(f"{field}: {getattr(cfg, field)!r} needs CUDA, but no GPU is visible here")
+    here = cfg.world_size if launcher == "multinode" else cfg.nproc_per_node
+    what = (f"{cfg.nnodes} x {cfg.nproc_per_node} processes on this host" if launcher == "multinode"
+            else f"{cfg.nproc_per_node} processes per node")
+    if uses_cuda(cfg):
+        if here > gpus:
+            raise ConfigError(f"nproc_per_node: {what} but only {gpus} CUDA devices are visible "
+                              f"(one GPU per process)")
+    else:
+        if here > available_cpus():
+            raise ConfigError(f"nproc_per_node: {what} on CPU but only {available_cpus()} CPU cores are "
+                              f"available to this process (the processes would share cores and the timings "
+                              f"would mean nothing)")
+        for name in ("nccl_algo", "nccl_proto"):
+            if getattr(cfg, name, ""):
+                raise ConfigError(f"{name}: {getattr(cfg, name)!r} is an NCCL setting, but this run uses gloo "
+                                  f"on CPU (no GPU here), which would ignore it")
+
+
+def torchrun_command(cfg: Config, *, python: str = sys.executable, standalone: bool = True,
+                     rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
+                     max_restarts: int = 0, entry: list[str] | None = None) -> list[str]:
+    """The torchrun command line of one run (one torchrun per node).
+
+    ``standalone`` runs a single-node job with a private c10d rendezvous on the loopback address:
+    ``rdzv_endpoint`` defaults to ``127.0.0.1:0`` (the store binds a port the OS picks, so a busy port
+    cannot collide; a fixed port that is taken would make torchrun wait as a client of whatever holds it)
+    and ``rdzv_id`` to a fresh uuid. Otherwise a c10d rendezvous at ``rdzv_endpoint`` (``host:port``) with
+    id ``rdzv_id`` joins ``cfg.nnodes`` torchrun invocations.
+    """
+    cmd = [python, "-m", "torch.distributed.run"]
+    if standalone:
+        if cfg.nnodes != 1:
+            raise ConfigError(f"nnodes: a standalone (local) launch has one node, got {cfg.nnodes}")
+        rdzv_endpoint = rdzv_endpoint or "127.0.0.1:0"  # port 0: the store binds a free port itself
+        rdzv_id = rdzv_id or uuid.uuid4().hex
+        cmd += ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
+    else:
+        if not rdzv_endpoint or not rdzv_id:
+            raise ValueError("a multi-node launch needs rdzv_endpoint (host:port) and rdzv_id")
+        cmd += [f"--nnodes={cfg.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
+                f"--rdzv-id={rdzv_id}"]
+    cmd += [f"--nproc-per-node={cfg.nproc_per_node}", f"--max-restarts={max_restarts}"]
+    cmd += (entry or ["-m", type(cfg).ENTRY]) + cfg.to_cli()
+    return cmd
+
+
+def compile_cache_dir(cfg: Config) -> str:
+    """A folder that survives between the runs of a sweep, where inductor keeps compiled kernels, so that
+    only the first run of a shape compiles (``<out_dir>/.cache/inductor``)."""
+    return os.path.join(os.path.abspath(cfg.out_dir), ".cache", "inductor")
+
+
+def launch_env(cfg: Config, launcher: str = "local", base: dict | None = None) -> dict:
+    """The environment of a launched run: one OpenMP pool of ``cfg.threads`` per process, the compile cache,
+    loopback-only gloo sockets for runs on this host, and this checkout on PYTHONPATH."""
+    env = dict(os.environ if base is None else base)
+    env["OMP_NUM_THREADS"] = str(cfg.threads)
+    env["KANLIB_LAUNCHER"] = launcher
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # Restarts under gloo fail to reconnect when workers share torchrun's rendezvous store
+    # ("Gloo connectFullMesh failed"); a separate store per attempt works (docs/faults.md).
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # How long torchrun waits for workers to checkpoint after SIGTERM before it kills them.
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_GRACE_S))
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache_dir(cfg))
+    if launcher in ("local", "multinode") and sys.platform.startswith("linux"):
+        # Every process is on this host: gloo's data connections bind the loopback interface only.
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # The launched processes import kanlib from this checkout even when it is not installed.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+    return env
