@@ -177,3 +177,18 @@ def test_check_task_does_not_load_the_bundled_sets(monkeypatch):
     RunConfig(task="digits", widths=(64, 4, 10), n_val=300)
     with pytest.raises(RuntimeError, match="task 'digits' needs scikit-learn"):
         make_dataset(RunConfig(task="digits", widths=(64, 4, 10), n_val=300))
+
+
+@pytest.mark.slow
+def test_digits_on_two_gloo_processes_matches_one(tmp_path):
+    """The labels travel with their rows through the per-rank shards: 2 processes train what 1 does."""
+    from runners.launch import run
+
+    base = dict(task="digits", widths=(64, 16, 10), n_val=360, global_batch=128, steps=60, warmup_steps=2, lr=1e-2,
+                device="cpu", backend="gloo", out_dir=str(tmp_path))
+    one = run(RunConfig(**base, nproc_per_node=1), echo=False)
+    two = run(RunConfig(**base, nproc_per_node=2), echo=False)
+    assert two["world_size"] == 2 and two["chance_accuracy"] == one["chance_accuracy"]
+    assert two["final_val_loss"] == pytest.approx(one["final_val_loss"], rel=1e-4)
+    assert two["final_val_accuracy"] == pytest.approx(one["final_val_accuracy"], abs=1 / 360)  # one row at most
+    assert two["final_val_accuracy"] > 0.85
