@@ -1,10 +1,15 @@
-"""Deterministic synthetic data, disjoint shards per rank."""
+"""Every task's dataset: deterministic data, disjoint shards per rank, and the loss and evaluation the
+trainer calls (synthetic tasks, Feynman equations, bundled sets, files)."""
 
 import math
 
+import numpy as np
+import pytest
 import torch
 
-from kanlib.data import SyntheticRegression, target
+from kanlib.config import RunConfig
+from kanlib.data import SyntheticRegression, make_dataset, target
+from kanlib.model import build_model
 
 
 def test_shards_are_disjoint_and_cover_the_global_batch():
@@ -35,84 +40,61 @@ def test_targets():
     assert torch.allclose(target("highdim", ones), torch.tensor([[math.e]]))
 
 
-# -- real data from a file -------------------------------------------------------------------
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from kanlib.config import ConfigError, RunConfig  # noqa: E402
-from kanlib.data import FileRegression, make_dataset  # noqa: E402
-
-
-def write_csv(path, n=300, seed=0):
-    rng = np.random.default_rng(seed)
-    a, b = rng.uniform(0, 10, n), rng.uniform(-5, 5, n)
-    price = 3 * a - b ** 2 + rng.normal(0, 0.1, n)
-    with open(path, "w") as f:
-        f.write("rooms,age,price\n")
-        for row in zip(a, b, price):
-            f.write(",".join(f"{v:.6f}" for v in row) + "\n")
-    return a, b, price
+def _file_configs(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-3, 3, (300, 3))
+    y = x[:, 0] * x[:, 1] - x[:, 2]
+    csv_path, npz_path = tmp_path / "t.csv", tmp_path / "t.npz"
+    csv_path.write_text("u,v,w,y\n" + "".join(",".join(f"{v:.6f}" for v in (*r, t)) + "\n" for r, t in zip(x, y)))
+    np.savez(npz_path, x=x, y=y)
+    return {"file-csv": dict(task="file", data_path=str(csv_path), widths=(3, 8, 1), n_val=60),
+            "file-npz": dict(task="file", data_path=str(npz_path), widths=(3, 8, 1), n_val=60)}
 
 
-def test_csv_split_scaling_and_determinism(tmp_path):
-    path = str(tmp_path / "houses.csv")
-    write_csv(path)
-    d = FileRegression(path, "price", n_train=1000, n_val=50, seed=3)
-    assert d.feature_names == ["rooms", "age"] and d.in_dim == 2
-    assert (d.n_train, d.n_val) == (250, 50)
-    assert d.x_train.min().item() == pytest.approx(-1) and d.x_train.max().item() == pytest.approx(1)
-    assert d.y_train.mean().item() == pytest.approx(0, abs=1e-6) and d.y_train.std().item() == pytest.approx(1, rel=1e-5)
-    again = FileRegression(path, "price", n_train=1000, n_val=50, seed=3)
-    assert torch.equal(d.x_val, again.x_val)
-    other = FileRegression(path, "price", n_train=1000, n_val=50, seed=4)
-    assert not torch.equal(d.x_val, other.x_val)
-    capped = FileRegression(path, "", n_train=100, n_val=50, seed=3)  # default target: last column
-    assert capped.n_train == 100 and torch.equal(capped.y_val.argsort(0), d.y_val.argsort(0))  # same rows
-    # shards are disjoint slices of each global batch, as for synthetic data
-    parts = [d.shard(2, 64, r, 2)[0] for r in range(2)]
-    assert torch.equal(torch.cat(parts), d.x_train[d.global_indices(2, 64)])
+TASKS = {
+    "exp_sin": dict(task="exp_sin", widths=(2, 8, 1)),
+    "highdim": dict(task="highdim", widths=(6, 8, 1)),
+    "product": dict(task="product", widths=(2, 8, 1)),
+    "feynman": dict(task="feynman:I.9.18", widths=(9, 8, 1)),
+    "digits": dict(task="digits", widths=(64, 8, 10), n_val=360),
+    "diabetes": dict(task="diabetes", widths=(10, 8, 1), n_val=88),
+    "file-csv": None,
+    "file-npz": None,
+}
 
 
-def test_npz_and_bad_files(tmp_path):
-    npz = str(tmp_path / "d.npz")
-    np.savez(npz, x=np.arange(40.0).reshape(20, 2), y=np.arange(20.0))
-    assert FileRegression(npz, "", n_train=100, n_val=5, seed=0).n_train == 15
-    bad = tmp_path / "bad.csv"
-    bad.write_text("a,b,y\n1,2,3\n4,oops,6\n")
-    with pytest.raises(ValueError, match=r"bad.csv: data row 2 \(line 3 of the file\) has a missing or non-numeric"):
-        FileRegression(str(bad), "y", 10, 1, 0)
-    with pytest.raises(ValueError, match="no target column 'z'"):
-        FileRegression(str(bad), "z", 10, 1, 0)
-    with pytest.raises(ValueError, match="^n_val: 20 validation rows leave none"):
-        FileRegression(npz, "", 10, 20, 0)
-
-
-def test_file_task_config_errors_name_the_field(tmp_path):
-    from runners.launch import check_environment
-
-    path = str(tmp_path / "h.csv")
-    write_csv(path)
-    with pytest.raises(ConfigError, match="^data_path: task 'file' needs"):
-        RunConfig(task="file")
-    with pytest.raises(ConfigError, match="^data_path: no such file"):
-        RunConfig(task="file", data_path=str(tmp_path / "missing.csv"))
-    with pytest.raises(ConfigError, match="^data_path: only task 'file'"):
-        RunConfig(data_path=path)
-    with pytest.raises(ConfigError, match=r"^widths: .*h.csv has 2 features \(rooms, age\), but widths\[0\]=3"):
-        check_environment(RunConfig(task="file", data_path=path, widths=(3, 4, 1), n_val=50))
-    with pytest.raises(ConfigError, match="^data_path: .*no target column 'cost'"):
-        check_environment(RunConfig(task="file", data_path=path, target="cost", widths=(2, 4, 1)))
-    with pytest.raises(ValueError, match="^global_batch: 512 exceeds the 250 training rows"):
-        make_dataset(RunConfig(task="file", data_path=path, n_val=50, global_batch=512, widths=(2, 4, 1)))
-
-
-def test_training_on_a_file_learns(tmp_path):
-    from kanlib.train import train
-
-    path = str(tmp_path / "h.csv")
-    write_csv(path, n=2000)
-    cfg = RunConfig(task="file", data_path=path, target="price", widths=(2, 8, 1), n_val=200, global_batch=128,
-                    steps=150, warmup_steps=5, lr=1e-2, out_dir=str(tmp_path / "out"))
-    rec = train(cfg).to_dict()
-    assert rec["task"] == "file" and rec["data_path"] == path
-    assert rec["final_val_loss"] < 0.05  # standardised target: 1.0 is the mean predictor
+@pytest.mark.parametrize("name", list(TASKS))
+def test_every_task_builds_shards_and_evaluates(name, tmp_path):
+    kw = TASKS[name] or _file_configs(tmp_path)[name]
+    cfg = RunConfig(**{"n_train": 512, "n_val": 64, "global_batch": 64, "seed": 5, **kw})
+    d, again = make_dataset(cfg), make_dataset(cfg)
+    assert d.in_dim == cfg.widths[0] and d.x_train.dtype == torch.float32
+    assert torch.equal(d.x_train, again.x_train) and torch.equal(d.y_val, again.y_val)  # the config decides
+    for step in (0, 2):  # within the first epoch of every task's training rows (>= 240)
+        parts = [d.shard(step, 64, r, 2) for r in range(2)]
+        glob = d.global_indices(step, 64)
+        assert len(set(glob.tolist())) == 64  # disjoint slices of one global batch
+        assert torch.equal(torch.cat([p[0] for p in parts]), d.x_train[glob])
+        assert torch.equal(torch.cat([p[1] for p in parts]), d.y_train[glob])
+    model = build_model(cfg)
+    x, y = d.shard(0, 64, 0, 1)
+    out = model(x)
+    loss = d.loss(out, y)
+    assert loss.dtype == torch.float32 and loss.dim() == 0 and math.isfinite(loss.item())
+    loss.backward()  # the trainer's backward goes through it
+    ev = d.evaluate(model, torch.device("cpu"))
+    assert d.evaluate(model, torch.device("cpu")) == ev  # deterministic: every rank gets the same numbers
+    chunked = d.evaluate(model, torch.device("cpu"), chunk=37)  # other GEMM shapes: float32 rounding only
+    assert chunked["val_loss"] == pytest.approx(ev["val_loss"], rel=1e-5)
+    with torch.no_grad():
+        logits = model(d.x_val)
+    if d.kind == "classification":
+        assert d.y_train.dtype == torch.int64 and d.y_train.dim() == 1
+        assert ev["val_loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, d.y_val).item(), rel=1e-5)
+        assert ev["val_accuracy"] == pytest.approx((logits.argmax(1) == d.y_val).double().mean().item())
+        assert 0 < d.chance_accuracy < 0.2
+    else:
+        assert d.kind == "regression" and d.y_train.shape == (d.n_train, 1) and d.chance_accuracy is None
+        assert ev["val_loss"] == pytest.approx(torch.nn.functional.mse_loss(logits, d.y_val).item(), rel=1e-5)
+        assert ev["val_accuracy"] is None
+        assert d.loss(d.y_train[:8], d.y_train[:8]).item() == 0.0
