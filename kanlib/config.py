@@ -211,7 +211,7 @@ class RunConfig(Config):
     n_train: int = 16384
     """Training samples: generated from ``seed`` (synthetic tasks), or at most this many rows (data sets)."""
     n_val: int = 2048
-    """Held-out validation samples."""
+    """Held-out validation samples (bundled data sets and files: rows of the set; must leave training rows)."""
     global_batch: int = 256
     """Samples per optimizer step summed over all processes; split evenly across ranks."""
     steps: int = 30

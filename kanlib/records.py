@@ -289,7 +289,7 @@ class RunRecord:
     final_val_accuracy: float | None = field(default=None, metadata=_doc(
         "validation accuracy after training (classification; null otherwise)"))
     chance_accuracy: float | None = field(default=None, metadata=_doc(
-        "accuracy of always predicting the most frequent training class (classification; null otherwise)"))
+        "validation accuracy of always predicting the most frequent training class (classification; null otherwise)"))
     reached_target: bool | None = field(default=None, metadata=_doc(
         "whether the validation loss reached `target_val_loss` (null without a target)"))
     steps_to_target: int | None = field(default=None, metadata=_doc("optimizer steps until the target was reached"))
