@@ -22,6 +22,7 @@ also the data position.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -104,10 +105,15 @@ def save(run_dir: str, state: dict, step: int, *, before_rename=None) -> str:
     name = checkpoint_name(step)
     path = os.path.join(ckdir, name)
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        torch.save({**state, "step": int(step)}, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({**state, "step": int(step)}, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:  # a full disk, say: leave the last committed checkpoint and no half file
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
     if before_rename is not None:
         before_rename()
     os.replace(tmp, path)

@@ -215,3 +215,82 @@ def test_machine_cannot_run_config_refused_before_launch(tmp_path, changes, fiel
     assert not started and not os.path.exists(cfg.run_dir())
     [row] = manifest_rows(cfg)
     assert row["status"] == "failed" and row["error"].startswith(f"ConfigError: {field}: ")
+
+
+@pytest.mark.slow
+def test_a_diverged_run_under_skip_is_not_ok(tmp_path):
+    # SGD with a huge learning rate: after the first update every loss is non-finite; skipping every
+    # later step must not end in an ok record with infinite losses.
+    cfg = tiny(tmp_path, steps=12, optimizer="sgd", lr=1e12, nan_policy="skip")
+    with pytest.raises(RunFailed) as e:
+        run(cfg, echo=False, timeout_s=120)
+    assert e.value.status == "failed" and "NonFiniteLoss" in e.value.error
+    assert "did not train" in e.value.error
+    assert not os.path.exists(os.path.join(cfg.run_dir(), records.RECORD_NAME))
+
+
+@pytest.mark.slow
+def test_local_runs_listen_only_where_documented(tmp_path):
+    """During a 2-process run: gloo's connections bind loopback (GLOO_SOCKET_IFNAME=lo); the only sockets
+    listening on all interfaces are torch's TCPStore servers (torchrun's rendezvous store and rank 0's
+    store), which torch 2.13 cannot bind to one address (docs/faults.md)."""
+    import threading
+
+    cfg = tiny(tmp_path, steps=400, n_train=4096)
+    seen: dict[int, set] = {}
+
+    def watch():
+        from runhelp import processes_mentioning
+
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not os.path.exists(os.path.join(cfg.run_dir(), records.RECORD_NAME)):
+            for pid in processes_mentioning(str(tmp_path)):
+                seen.setdefault(pid, set()).update(_listening(pid))
+            time.sleep(0.2)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    run(cfg, echo=False, timeout_s=120)
+    t.join()
+    listeners = set().union(*seen.values()) if seen else set()
+    assert listeners, "no listening socket seen"
+    wildcard = {a for a in listeners if a[0] in ("0.0.0.0", "::")}
+    loopback = {a for a in listeners if a[0] in ("127.0.0.1", "::1")}
+    assert listeners == wildcard | loopback, f"a socket listens on another address: {listeners}"
+    assert len(wildcard) <= 2, f"more all-interface listeners than the two TCPStores: {wildcard}"
+
+
+def _listening(pid: int) -> set:
+    """(address, port) of the TCP sockets ``pid`` listens on (from /proc)."""
+    import ipaddress
+
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    except OSError:
+        return set()
+    out = set()
+    for table, v6 in (("tcp", False), ("tcp6", True)):
+        try:
+            lines = open(f"/proc/{pid}/net/{table}").read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if parts[3] != "0A" or parts[9] not in inodes:  # 0A: LISTEN
+                continue
+            hexaddr, hexport = parts[1].split(":")
+            raw = bytes.fromhex(hexaddr)
+            if v6:
+                addr = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+                addr = "::" if addr == ipaddress.IPv6Address("::") else str(addr.ipv4_mapped or addr)
+            else:
+                addr = str(ipaddress.IPv4Address(raw[::-1]))
+            out.add((addr, int(hexport, 16)))
+    return out

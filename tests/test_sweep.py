@@ -154,3 +154,132 @@ def test_empty_output_dir_says_no_records(tmp_path):
         results.load_records(str(tmp_path))
     with pytest.raises(results.NoRecordsError, match=f"^no records of study 'x' under {tmp_path}"):
         results.load_records(str(tmp_path), study="x")
+
+
+def _torchrun_children(pid: int) -> list[int]:
+    from runners.supervisor import descendants
+
+    out = []
+    for c in descendants(pid):
+        try:
+            with open(f"/proc/{c}/cmdline", "rb") as f:
+                if b"torch.distributed.run" in f.read():
+                    out.append(c)
+        except OSError:
+            pass
+    return out
+
+
+SWEEP_OF_TWO = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+    from runhelp import tiny
+    from runners.sweep import run_sweep
+    configs = [tiny({out!r}, steps=s, seed=i) for i, s in enumerate([4000, 10])]
+    res = run_sweep(configs, progress=False, timeout_s=120)
+    print("RESULT", len(res.records), len(res.failures), flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_sigkilled_torchrun_in_a_sweep_leaves_nothing_and_the_sweep_goes_on(tmp_path):
+    script = SWEEP_OF_TWO.format(root=ROOT, tests=os.path.join(ROOT, "tests"), out=str(tmp_path))
+    configs = [tiny(tmp_path, steps=s, seed=i) for i, s in enumerate([4000, 10])]
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        steps = os.path.join(configs[0].run_dir(), records.STEPS_NAME)
+        deadline = time.monotonic() + 90
+        while not os.path.exists(steps) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [torchrun] = _torchrun_children(proc.pid)
+        from runners.supervisor import descendants
+
+        workers = descendants(torchrun)
+        assert len(workers) >= 2
+        os.kill(torchrun, signal.SIGKILL)  # as the OOM killer would
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "RESULT 1 1" in out, out  # the sweep recorded the failure and ran the next config
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{p}") for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in workers if os.path.exists(f"/proc/{p}")], "workers outlived their killed torchrun"
+    assert not os.path.exists(os.path.join(configs[0].run_dir(), records.RECORD_NAME))
+    rows = [(r["run_key"], r["status"]) for r in manifest_rows(configs[0])]
+    assert rows == [(configs[0].run_key(), "failed"), (configs[1].run_key(), "ok")]
+    assert manifest_rows(configs[0])[0]["error"] == "was killed by SIGKILL"
+
+
+@pytest.mark.slow
+def test_workers_of_a_torchrun_killed_by_hand_die_with_it(tmp_path):
+    from runners.command import launch_env, torchrun_command
+
+    cfg = tiny(tmp_path, steps=4000)
+    p = subprocess.Popen(torchrun_command(cfg), env=launch_env(cfg), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        steps = os.path.join(cfg.run_dir(), records.STEPS_NAME)
+        deadline = time.monotonic() + 90
+        while not os.path.exists(steps) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(processes_mentioning(str(tmp_path))) == 3  # torchrun and its two workers
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    deadline = time.monotonic() + 10
+    while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not processes_mentioning(str(tmp_path))
+    assert not os.path.exists(os.path.join(cfg.run_dir(), records.RECORD_NAME))
+
+
+CONCURRENT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+    from runhelp import tiny
+    from runners.sweep import run_sweep
+    configs = [tiny({out!r}, steps=60, seed=i) for i in range(3)]
+    res = run_sweep(configs, progress=False, timeout_s=120)
+    print("RESULT", len(res.records), res.skipped, len(res.failures), flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_two_concurrent_sweeps_run_each_run_once(tmp_path):
+    script = CONCURRENT.format(root=ROOT, tests=os.path.join(ROOT, "tests"), out=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all("RESULT 3" in o for o in outs), outs
+    configs = [tiny(tmp_path, steps=60, seed=i) for i in range(3)]
+    rows = manifest_rows(configs[0])
+    assert sorted(r["run_key"] for r in rows) == sorted(c.run_key() for c in configs)  # one row per run
+    assert {r["status"] for r in rows} == {"ok"}
+    for c in configs:
+        assert results.load_steps(c.run_dir()).step.tolist() == list(range(60))  # no interleaved rows
+
+
+def test_code_change_changes_the_run_key(tmp_path):
+    import shutil
+
+    for name in ("kanlib", "runners"):
+        shutil.copytree(os.path.join(ROOT, name), tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def key() -> str:
+        code = "from kanlib.config import RunConfig, code_version; print(code_version(), RunConfig().run_key())"
+        env = {k: v for k, v in os.environ.items() if k != "KANLIB_CODE_VERSION"}
+        return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, check=True).stdout.split()
+
+    first = key()
+    with open(tmp_path / "kanlib" / "plots.py", "a") as f:  # analysis only: measurements unchanged
+        f.write("\n# a comment\n")
+    assert key() == first
+    with open(tmp_path / "kanlib" / "train.py", "a") as f:  # an uncommitted edit of what a run executes
+        f.write("\n# a comment\n")
+    second = key()
+    assert second[0] != first[0] and second[1] != first[1]
