@@ -93,13 +93,13 @@ class StepWriter:
     def __init__(self, path: str):
         new = not os.path.exists(path) or os.path.getsize(path) == 0
         self._f = open(path, "a", newline="")
-        self._w = csv.DictWriter(self._f, fieldnames=STEP_COLUMNS)
+        self._w = csv.writer(self._f)
         if new:
-            self._w.writeheader()
+            self._w.writerow(STEP_COLUMNS)
             self._f.flush()
 
     def write(self, row: StepRow) -> None:
-        self._w.writerow(dataclasses.asdict(row))
+        self._w.writerow([getattr(row, c) for c in STEP_COLUMNS])
         self._f.flush()
 
     def close(self) -> None:

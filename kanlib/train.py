@@ -69,13 +69,19 @@ class Run:
     rows: list[StepRow] = field(default_factory=list)
     comm_s: list[float] = field(default_factory=list)
     emulated_s: list[float] = field(default_factory=list)
-    wall_s: list[float] = field(default_factory=list)  # whole step, control included
+    wall_s: list[float] = field(default_factory=list)  # start of a step to the start of the next, pauses excluded
+    step_started: float | None = None  # perf_counter at the start of the step in flight
+    paused_s: float = 0.0  # evaluation and checkpoint time within the step in flight
     n_skipped: int = 0
     n_grid_updates: int = 0
     train_wall_s: float = 0.0
     target_at: tuple[int, float] | None = None  # (steps done, training wall time) when the target was reached
     stop_now: bool = False  # a stop (SIGTERM) was agreed at the end of the last step
+    stop_every: int = 1  # steps between agreements on a stop request (set after warm-up)
     faults: list = field(default_factory=list)
+    params: list = field(default_factory=list)  # the model's parameters, listed once
+    clock: PhaseClock | None = None
+    autocast: object = None
 
 
 def train(cfg: RunConfig) -> RunRecord | None:
@@ -135,8 +141,13 @@ def start_or_resume(cfg: RunConfig, info: DistInfo) -> Run:
     if measure_from >= cfg.steps:
         measure_from = max(cfg.warmup_steps, start_step)
     writer = records.StepWriter(os.path.join(run_dir, records.STEPS_NAME)) if info.is_main else None
+    if cfg.grad_accum_steps > 1 and not hasattr(module, "no_sync"):
+        raise ValueError(f"grad_accum_steps: {type(module).__name__} has no no_sync (single process or FSDP)")
+    autocast = (torch.autocast(info.device.type, dtype=torch.bfloat16) if cfg.precision == "bf16"
+                else contextlib.nullcontext())
     return Run(cfg, info, run_dir, model, module, optimizer, n_opt_states, data, comm, AsyncFlag(info), writer,
-               start_step, measure_from, attempt, started_at, faults=faults.active())
+               start_step, measure_from, attempt, started_at, faults=faults.active(), params=list(model.parameters()),
+               clock=PhaseClock(info.device), autocast=autocast)
 
 
 def wrap(model: torch.nn.Module, cfg: RunConfig, info: DistInfo):
@@ -184,11 +195,13 @@ def train_step(run: Run, step: int, sigterm: _StopRequest) -> StepRow:
     """Forward, backward (``grad_accum_steps`` micro-batches, gradients communicated on the last) and the
     optimizer update of ``step``, timed by phase; returns the step's row (rank 0 also writes it)."""
     cfg, info = run.cfg, run.info
-    t_begin = time.perf_counter()
+    _close_step(run)
     if step == run.start_step:
         run.first_step_at = time.time()
     faults.at_step_start(run.faults, info.rank, step)
-    run.stop_flag.start(sigterm.requested)  # agreed at the end of the step, overlapped with it
+    agree = (step + 1) % run.stop_every == 0
+    if agree:
+        run.stop_flag.start(sigterm.requested)  # agreed at the end of the step, overlapped with it
     x, y = run.data.shard(step, cfg.global_batch, info.rank, info.world_size)
     x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
     if cfg.grid_update_every and step and step % cfg.grid_update_every == 0:
@@ -199,23 +212,24 @@ def train_step(run: Run, step: int, sigterm: _StopRequest) -> StepRow:
     lr = learning_rate(cfg, step)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    clock = PhaseClock(info.device)
+    clock = run.clock
     clock.start()
     k = cfg.grad_accum_steps
+    micro = zip(x.chunk(k), y.chunk(k)) if k > 1 else ((x, y),)
     losses = []
-    for i, (xb, yb) in enumerate(zip(x.chunk(k), y.chunk(k))):
-        sync = contextlib.nullcontext() if i == k - 1 or not hasattr(run.module, "no_sync") else run.module.no_sync()
+    for i, (xb, yb) in enumerate(micro):
+        sync = run.module.no_sync() if i < k - 1 else contextlib.nullcontext()  # all-reduce on the last only
         with sync:
-            with torch.autocast(info.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+            with run.autocast:
                 out = run.module(xb)
             loss = run.data.loss(out, yb)
-            if faults.due(run.faults, "nan", info.rank, step):
+            if run.faults and faults.due(run.faults, "nan", info.rank, step):
                 loss = loss * float("nan")
             clock.mark("forward")
-            (loss / k).backward()
+            (loss / k if k > 1 else loss).backward()
             clock.mark("backward")
         losses.append(loss.detach())
-    loss = torch.stack(losses).mean()
+    loss = torch.stack(losses).mean() if k > 1 else losses[0]
     if _gradients_finite(run, loss):
         run.optimizer.step()
     else:
@@ -225,19 +239,51 @@ def train_step(run: Run, step: int, sigterm: _StopRequest) -> StepRow:
     phases = clock.read()
     comm = run.comm.end_step() if run.comm is not None else (math.nan, math.nan)  # (in flight, emulated) s
     loss_value = float(loss.item())
-    stop_now = run.stop_flag.result()
-    wall = time.perf_counter() - t_begin
+    stop_now = run.stop_flag.result() if agree else False
     row = StepRow(step=step, measured=int(step >= run.measure_from), attempt=run.attempt, time_unix_s=time.time(),
                   step_time_s=sum(phases.values()), forward_s=phases["forward"], backward_s=phases["backward"],
                   optimizer_s=phases["optimizer"], comm_total_s=comm[0], loss=loss_value, lr=lr)
     run.rows.append(row)
     run.emulated_s.append(comm[1])
-    run.wall_s.append(wall)
-    run.train_wall_s += wall
     run.stop_now = stop_now
     if step + 1 == run.measure_from:  # warm-up over: compilation and bucket rebuilds leave the window
         reset_peak_memory(info.device)
+        run.stop_every = _stop_interval(run)
     return row
+
+
+STOP_LATENCY_S = 0.05  # how long a SIGTERM may wait for the ranks to agree on it, at most about
+
+
+def _stop_interval(run: Run) -> int:
+    """Steps between stop agreements for the measured steps: about every ``STOP_LATENCY_S`` of training, so
+    the agreement's small collective costs nothing measurable on short steps and a preemption still stops
+    within ~50 ms (plus one step). Rank 0's warm-up step time decides, broadcast so every rank agrees."""
+    walls = run.wall_s[1:] or run.wall_s or [STOP_LATENCY_S]
+    mine = torch.tensor([sorted(walls)[len(walls) // 2]], dtype=torch.float64)
+    t = float(distributed.broadcast(mine, run.info).item())
+    return max(1, min(100, int(STOP_LATENCY_S / max(t, 1e-6))))
+
+
+def _close_step(run: Run) -> None:
+    """End the wall-clock span of the step in flight (if any) and start the next: a step's wall time runs
+    from its start to the next step's start, evaluations and checkpoints (``paused_s``) excluded."""
+    now = time.perf_counter()
+    if run.step_started is not None:
+        wall = now - run.step_started - run.paused_s
+        run.wall_s.append(wall)
+        run.train_wall_s += wall
+    run.step_started, run.paused_s = now, 0.0
+
+
+@contextlib.contextmanager
+def _paused(run: Run):
+    """Time spent inside is not training time (evaluation, checkpoints)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        run.paused_s += time.perf_counter() - t0
 
 
 def _gradients_finite(run: Run, loss: torch.Tensor) -> bool:
@@ -247,9 +293,9 @@ def _gradients_finite(run: Run, loss: torch.Tensor) -> bool:
     rank shows as non-finite gradients on every rank: no collective is needed. Under the no-op hook
     (and FSDP's sharded gradients, where each rank sees its own shard) the ranks agree with one.
     """
-    grads = [_local(p.grad) for p in run.model.parameters() if p.grad is not None]
+    grads = [_local(p.grad) for p in run.params if p.grad is not None]
     norms = torch._foreach_norm(grads) if grads else []
-    local_ok = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(n)) for n in norms)
+    local_ok = bool(torch.isfinite(torch.stack([loss.float(), *norms])).all())
     if run.info.distributed and (run.cfg.comm_hook == "noop" or run.cfg.parallelism == "fsdp"):
         bad = distributed.all_reduce(torch.tensor([0.0 if local_ok else 1.0]), run.info, "max")
         return bool(bad.item() == 0)
@@ -281,8 +327,9 @@ def checkpoint_or_stop(run: Run, row: StepRow) -> bool:
     done = row.step + 1
     if done >= cfg.steps or not (run.stop_now or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
         return False
-    path = _save_checkpoint(run, done)
-    distributed.barrier(info)  # the others wait here, not in the next step's all-reduce
+    with _paused(run):
+        path = _save_checkpoint(run, done)
+        distributed.barrier(info)  # the others wait here, not in the next step's all-reduce
     if not run.stop_now:
         return False
     if run.writer is not None:
@@ -300,13 +347,15 @@ def evaluate_and_check_target(run: Run, row: StepRow) -> bool:
     done = row.step + 1
     if not cfg.eval_every or done % cfg.eval_every or done >= cfg.steps:
         return False
-    ev = run.data.evaluate(run.model, run.info.device)  # every rank: FSDP's forward is collective
-    row.val_loss = ev["val_loss"]
-    row.val_accuracy = ev["val_accuracy"] if ev["val_accuracy"] is not None else math.nan
-    reached = bool(cfg.target_val_loss) and ev["val_loss"] <= cfg.target_val_loss
-    reached = bool(distributed.broadcast(torch.tensor([float(reached)]), run.info).item() > 0)
+    training_s = run.train_wall_s + (time.perf_counter() - run.step_started - run.paused_s)
+    with _paused(run):
+        ev = run.data.evaluate(run.model, run.info.device)  # every rank: FSDP's forward is collective
+        row.val_loss = ev["val_loss"]
+        row.val_accuracy = ev["val_accuracy"] if ev["val_accuracy"] is not None else math.nan
+        reached = bool(cfg.target_val_loss) and ev["val_loss"] <= cfg.target_val_loss
+        reached = bool(distributed.broadcast(torch.tensor([float(reached)]), run.info).item() > 0)
     if reached and run.target_at is None:
-        run.target_at = (done, run.train_wall_s)
+        run.target_at = (done, training_s)
     return reached
 
 
@@ -335,6 +384,7 @@ def finish(run: Run) -> RunRecord | None:
     """Combine every rank's per-step times (the slowest rank sets the pace), check the replicas agree and
     the losses are finite, evaluate, and (rank 0) write ``model.pt`` and ``record.json``."""
     cfg, info = run.cfg, run.info
+    _close_step(run)
     if run.writer is not None:
         run.writer.close()
     per_rank = _gather_steps(run)  # (world, steps, fields)

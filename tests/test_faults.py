@@ -113,7 +113,7 @@ def test_nan_on_one_rank_stops_all(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_sigterm_preempts_with_checkpoint_and_rerun_resumes(tmp_path, monkeypatch):
     monkeypatch.setenv("KANLIB_FAULT", "term@0:7")  # SIGTERM to torchrun, as a scheduler does
-    cfg = tiny(tmp_path)
+    cfg = tiny(tmp_path, warmup_steps=10)  # during warm-up the ranks agree on a stop after every step
     with pytest.raises(RunFailed) as e:
         run(cfg, echo=False, timeout_s=120)
     assert e.value.status == "preempted"
@@ -127,6 +127,25 @@ def test_sigterm_preempts_with_checkpoint_and_rerun_resumes(tmp_path, monkeypatc
     assert max_abs_diff(final_params(cfg), reference_params()) <= 1e-6
     steps = results.load_steps(cfg.run_dir())
     assert steps.step.tolist() == list(range(20))  # no duplicate rows after the resume
+
+
+@pytest.mark.slow
+def test_sigterm_in_the_measured_steps_stops_within_the_agreement_interval(tmp_path, monkeypatch):
+    # After warm-up the ranks agree on a stop about every 50 ms of training (kanlib.train.STOP_LATENCY_S),
+    # not every step: the stop comes a few steps later, on every rank at the same step.
+    monkeypatch.setenv("KANLIB_FAULT", "term@0:100")
+    cfg = tiny(tmp_path, steps=2000, n_train=4096)
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed) as e:
+        run(cfg, echo=False, timeout_s=120)
+    assert e.value.status == "preempted"
+    marker = json.load(open(os.path.join(cfg.run_dir(), "preempted.json")))
+    assert 101 <= marker["step"] <= 201, marker
+    steps = results.load_steps(cfg.run_dir())
+    stop_row = steps[steps.step == marker["step"] - 1].iloc[0]
+    fired = steps[steps.step == 100].iloc[0]
+    assert stop_row.time_unix_s - fired.time_unix_s < 1.0  # the stop took well under a second
+    assert time.monotonic() - t0 < 60
 
 
 @pytest.mark.slow

@@ -1,0 +1,87 @@
+"""The GPU path checked on CPU where it can be: every collective of the runtime goes through helpers that
+move its tensor to ``info.device`` (an nccl group takes CUDA tensors only), per-node GPU slices for
+multinode on one host, and NCCL's algorithm limited to all-reduce."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+import torch
+
+from kanlib import distributed
+from kanlib.distributed import DistInfo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce_scatter",
+               "reduce_scatter_tensor", "all_to_all", "gather", "scatter", "reduce", "send", "recv"}
+# Calls outside kanlib/distributed.py whose tensors are on the device by construction.
+ALLOWED = {
+    ("hooks.py", "all_reduce"): "DDP's gradient bucket, which lives on the device",
+    ("model.py", "all_gather"): "grid update: the batch x, on the device, and sizes created on x.device",
+    ("model.py", "broadcast"): "grid update: the layer's buffers and parameters, on the device",
+    ("collbench.py", "all_reduce"): "the benchmark's message, allocated on info.device",
+}
+
+
+def _collective_calls(path: str) -> list[tuple[str, int]]:
+    tree = ast.parse(open(path).read())
+    out = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in COLLECTIVES
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "dist"):
+            out.append((node.func.attr, node.lineno))
+    return out
+
+
+def test_no_collective_takes_a_tensor_off_the_device():
+    bad = []
+    kanlib = os.path.join(ROOT, "kanlib")
+    for name in sorted(os.listdir(kanlib)):
+        if not name.endswith(".py") or name == "distributed.py":
+            continue
+        for op, line in _collective_calls(os.path.join(kanlib, name)):
+            if (name, op) not in ALLOWED:
+                bad.append(f"kanlib/{name}:{line}: dist.{op} (use kanlib.distributed's helpers)")
+    assert not bad, "\n".join(bad)
+    # and the helpers move what they are given to the device
+    src = open(os.path.join(kanlib, "distributed.py")).read()
+    for fn in ("def all_reduce", "def all_gather", "def broadcast"):
+        body = src.split(fn, 1)[1].split("\ndef ", 1)[0]
+        assert ".to(info.device)" in body, fn
+
+
+def test_helpers_reduce_gather_and_broadcast_in_one_process():
+    info = DistInfo(0, 0, 1, torch.device("cpu"), None)
+    t = torch.tensor([1.0, 2.0])
+    assert torch.equal(distributed.all_reduce(t, info, "max"), t)
+    assert distributed.all_gather(t, info).shape == (1, 2)
+    assert torch.equal(distributed.broadcast(t, info), t)
+
+
+def test_multinode_gives_each_node_its_own_gpus():
+    from runners.multinode import node_devices
+
+    assert node_devices(0, 2, None, 4) == "0,1" and node_devices(1, 2, None, 4) == "2,3"
+    assert node_devices(1, 1, "5,7", 2) == "7"
+    with pytest.raises(RuntimeError, match="node 1 needs 2 GPUs, only 2 are visible"):
+        node_devices(1, 2, "0,1", 2)
+
+
+def test_multinode_on_one_host_refuses_more_processes_than_devices(tmp_path):
+    from kanlib.config import ConfigError, RunConfig
+    from runners.command import available_cpus, check_environment
+
+    cfg = RunConfig(nnodes=available_cpus(), nproc_per_node=2, global_batch=64 * available_cpus(), device="cpu",
+                    out_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=rf"^nproc_per_node: {available_cpus()} x 2 processes on this host"):
+        check_environment(cfg, "multinode")
+
+
+def test_nccl_algorithm_applies_to_all_reduce_only(monkeypatch):
+    monkeypatch.setattr(distributed, "_nccl_version", lambda: (2, 27, 3))
+    assert distributed.nccl_env("Tree", "LL128") == {"NCCL_ALGO": "allreduce:Tree", "NCCL_PROTO": "allreduce:LL128"}
+    assert distributed.nccl_env("", "") == {}
+    monkeypatch.setattr(distributed, "_nccl_version", lambda: (2, 18, 1))
+    assert distributed.nccl_env("Ring", "") == {"NCCL_ALGO": "Ring"}
