@@ -43,7 +43,7 @@ def bare_main(argv: list[str]) -> None:
     from kanlib.config import RunConfig
     from kanlib.data import make_dataset
     from kanlib.model import build_model
-    from kanlib.train import make_optimizer
+    from kanlib.train import _buffer_sync, make_optimizer
 
     cfg = RunConfig.from_cli(argv)
     torch.set_num_threads(cfg.threads)
@@ -52,7 +52,7 @@ def bare_main(argv: list[str]) -> None:
     torch.manual_seed(cfg.seed)
     data = make_dataset(cfg)
     model = build_model(cfg)
-    ddp = DDP(model, bucket_cap_mb=cfg.bucket_cap_mb, broadcast_buffers=cfg.broadcast_buffers)
+    ddp = DDP(model, bucket_cap_mb=cfg.bucket_cap_mb, **_buffer_sync(cfg.broadcast_buffers))
     opt, _ = make_optimizer(model, cfg)
     t0 = None
     for step in range(cfg.steps):

@@ -167,8 +167,19 @@ def wrap(model: torch.nn.Module, cfg: RunConfig, info: DistInfo):
 
     ddp = DDP(model, device_ids=[info.device.index] if info.device.type == "cuda" else None,
               bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=cfg.gradient_as_bucket_view,
-              static_graph=cfg.static_graph, broadcast_buffers=cfg.broadcast_buffers)
+              static_graph=cfg.static_graph, **_buffer_sync(cfg.broadcast_buffers))
     return ddp, hooks.register(ddp, cfg, info.device)
+
+
+def _buffer_sync(enabled: bool) -> dict:
+    """DDP's per-forward buffer broadcast switch: ``forward_sync_buffers`` where torch has it (it replaces
+    the deprecated ``broadcast_buffers``; both keep the one broadcast at construction), else the old name."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    name = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
+    return {name: enabled}
 
 
 def make_optimizer(model: torch.nn.Module, cfg: RunConfig):
