@@ -53,9 +53,15 @@ def run(cfg, *, launcher: str = "local", launcher_opts: dict | None = None, time
     fails with "address already in use" is relaunched up to ``port_retries`` times. Raises
     :class:`RunFailed` (``status`` failed, timeout or preempted) when there is no fresh record, and
     :class:`ConfigError` for a config this machine cannot run (also recorded as a failed attempt).
-    ``echo``: where the run's output goes (default stdout; False: nowhere).
+    ``echo``: where the run's output goes (default stdout; False: nowhere). With the slurm launcher,
+    ``launcher_opts={"dry_run": True, ...}`` prints the script and the sbatch command and returns None.
     """
     launcher = effective_launcher(cfg, launcher)
+    if launcher == "slurm" and (launcher_opts or {}).get("dry_run"):
+        from runners.slurm import run_slurm
+
+        opts = {k: v for k, v in launcher_opts.items() if k != "dry_run"}
+        return run_slurm(cfg, dry_run=True, echo=echo, **opts)  # prints the script, submits nothing
     try:
         check_environment(cfg, launcher)
         job = make_job(cfg, launcher, launcher_opts, max_restarts)

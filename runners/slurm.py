@@ -34,7 +34,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Site values that become #SBATCH arguments: SLURM names (no spaces, quotes, '$' or control characters).
 _SITE_NAME = re.compile(r"[A-Za-z0-9_.,:+@%=/-]+")
 # A free TCP port on the node that runs it (the head node, for the batch script).
-FREE_PORT_PY = ("import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])")
+FREE_PORT_PY = 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
 _RDZV_ENDPOINT = "$HEAD_ADDR:$PORT"
 _RDZV_ID = "$SLURM_JOB_ID"
 
