@@ -52,6 +52,8 @@ class StudyAnalysis:
     message: str = ""
     extra: dict = field(default_factory=dict)
     captions: dict[str, str] = field(default_factory=dict)
+    out_dir: str = ""
+    code: str = "newest"
 
     @property
     def empty(self) -> bool:
@@ -75,11 +77,27 @@ class StudyAnalysis:
             fig.show()
             if self.captions.get(name):
                 display(Markdown(f"*{self.captions[name]}*"))
+        for line in self.extra.get("fits", []):
+            print(line)
 
     def save(self, fig_dir: str) -> list[str]:
         """Write each figure as an offline HTML file ``<fig_dir>/<study>_<name>.html``."""
         return [plots.save_html(fig, os.path.join(fig_dir, f"{self.study}_{name}.html"))
                 for name, fig in self.figures.items()]
+
+    def save_figures(self, fig_dir: str = "") -> list[str]:
+        """:meth:`save` into ``fig_dir`` (empty: ``<out_dir>/figures``) and print where each file went."""
+        paths = self.save(fig_dir or os.path.join(self.out_dir, "figures"))
+        print("\n".join(paths) if paths else f"no figures written ({self.message})")
+        return paths
+
+    def explore(self) -> None:
+        """Display the explorer over every record under ``out_dir``, opened on this study, with a
+        static copy of its first view (or the reason there is nothing to explore)."""
+        if self.empty:
+            print(f"nothing to explore: {self.message}")
+            return
+        plots.show_explorer(results.load_records(self.out_dir, code=self.code), self.study)
 
 
 # -- formatting ------------------------------------------------------------------------------
@@ -200,7 +218,15 @@ def _strong(df: pd.DataFrame):
                         f"process: {lo['efficiency']:.0%} at {lo['work_per_process_s'] * 1e3:.3g} ms "
                         f"({lo['placement']}) to {hi['efficiency']:.0%} at {hi['work_per_process_s'] * 1e3:.3g} ms "
                         f"({hi['placement']}): small work per process is latency-bound.")
-    return t, figs, caps, {}
+    fits = []
+    for key, g in results._groupby(t, [f for f in t.attrs.get("group_fields", []) if f in t]):
+        s = results.fit_amdahl(g["world_size"], g["speedup"])
+        if g["world_size"].nunique() < 2 or not np.isfinite(s):
+            continue
+        pred = ", ".join(f"{v:.2f}x" for v in results.amdahl_speedup([8, 64, 1024], s))
+        fits.append(f"{results.group_label(key)}: Amdahl serial fraction {s:.4f}; predicted speedup at 8, 64, "
+                    f"1024 processes: {pred}")
+    return t, figs, caps, {"fits": fits}
 
 
 def _weak(df: pd.DataFrame):
@@ -279,7 +305,7 @@ def analyze(out_dir: str, study: str, code: str = "newest") -> StudyAnalysis:
     try:
         df = results.load_records(out_dir, study=study, code=code)
     except results.NoRecordsError as e:
-        return StudyAnalysis(study, message=str(e))
+        return StudyAnalysis(study, message=str(e), out_dir=out_dir, code=code)
     bad = df.attrs.get("bad", [])
     notes = [f"{len(df)} records of {study}."]
     if bad:
@@ -290,13 +316,13 @@ def analyze(out_dir: str, study: str, code: str = "newest") -> StudyAnalysis:
     try:
         out = {"strong_scaling": _strong, "weak_scaling": _weak, "communication": _comm, "model_size": _size}[study](df)
     except KeyError as e:  # e.g. a communication study without its no-op runs
-        return StudyAnalysis(study, df, None, {}, " ".join(notes + [str(e.args[0])]))
+        return StudyAnalysis(study, df, None, {}, " ".join(notes + [str(e.args[0])]), out_dir=out_dir, code=code)
     table, figs, caps, extra = out[:4]
     if table.attrs.get("note"):
         notes.append(table.attrs["note"])
     if len(out) > 4 and out[4]:
         notes.append(out[4] + ".")
-    return StudyAnalysis(study, df, table, figs, " ".join(notes), extra, caps)
+    return StudyAnalysis(study, df, table, figs, " ".join(notes), extra, caps, out_dir, code)
 
 
 # -- findings --------------------------------------------------------------------------------
