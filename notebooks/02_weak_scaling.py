@@ -34,9 +34,9 @@ task: str = "exp_sin"  # exp_sin | highdim | product | file (widths[0] must matc
 steps: int = 25  # optimizer steps, warm-up included
 warmup_steps: int = 5  # steps excluded from timing
 repeats: int = 1  # separate runs per point
-n_train: int = 16384  # training samples generated from the seed (task="file": at most this many rows)
-data_path: str = ""  # task="file": a CSV (header, numeric columns) or .npz (x, y) of real data
-target: str = ""  # task="file", CSV: the target column (default: the last one)
+n_train: int = 16384  # training samples generated from the seed (task file: at most this many rows)
+data_path: str = ""  # task file: a CSV (header, numeric columns) or .npz (x, y) of real data
+target: str = ""  # task file, CSV: the target column (default: the last one)
 threads: int = 1  # torch threads per process
 backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
 device: str = "auto"  # auto | cpu | cuda

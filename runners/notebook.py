@@ -84,11 +84,13 @@ def injected_names(ns: dict) -> list[str]:
     return []
 
 
-def _describe(hint) -> str:
+def _describe(hint, plural: bool = False) -> str:
     origin = typing.get_origin(hint)
     if origin in (list, tuple):
         args = typing.get_args(hint)
-        return f"a list of {_describe(args[0]) if args else 'values'}s".replace("a list of a ", "a list of ")
+        return ("lists of " if plural else "a list of ") + (_describe(args[0], True) if args else "values")
+    if plural:
+        return {int: "integers", float: "numbers", bool: "booleans", str: "strings", dict: "mappings"}.get(hint, "values")
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
             dict: "a mapping"}.get(hint, getattr(hint, "__name__", str(hint)))
 
@@ -227,6 +229,8 @@ def to_ipynb(name: str, out_dir: str = BUILD_DIR) -> str:
     nb.metadata["kernelspec"] = dict(KERNEL)
     nb.metadata.setdefault("language_info", {"name": "python"})
     nb.metadata.pop("jupytext", None)  # the .ipynb is generated, not paired
+    for i, cell in enumerate(nb.cells):  # stable ids (jupytext draws random ones), so equal text means equal file
+        cell.id = f"cell-{i}"
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, os.path.basename(src)[:-3] + ".ipynb")
     text = nbformat.writes(nb)
