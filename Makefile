@@ -36,6 +36,8 @@ PARAMS ?=
 # not have, so each file holds only its notebook's keys.
 PARAMS_SET ?=
 LAB_PORT ?= 8888
+# Extra JupyterLab arguments, e.g. LAB_ARGS=--ServerApp.token=secret
+LAB_ARGS ?=
 
 .PHONY: notebooks lab
 
@@ -70,7 +72,7 @@ lab: $(STAMP)
 	  > build/lab/user-settings/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings
 	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
 	  --LabApp.user_settings_dir=build/lab/user-settings --LabApp.workspaces_dir=build/lab/workspaces \
-	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) --ServerApp.root_dir=. --ServerApp.default_url=/lab/tree/notebooks
+	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) --ServerApp.root_dir=. --ServerApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
 
 test: notebooks
 	$(PY) -m pytest -q -p no:cacheprovider tests $(NB_BUILD) --nbval-lax

@@ -190,3 +190,37 @@ def test_executed_analysis_notebook_shows_figures_untrusted_and_offline(tmp_path
     text = open(page).read()
     assert not re.search(r"<script[^>]+src=", text) and "require.js" not in text and "cdnjs" not in text
     assert text.count("Plotly.newPlot") >= 2
+
+
+FAKE_PAPERMILL = '''
+import json, shutil, sys
+args = sys.argv[1:]
+src, dst = args[-2], args[-1]
+shutil.copy(src, dst)
+with open(dst + ".args.json", "w") as f:
+    json.dump(args, f)
+'''
+
+
+def test_make_study_writes_to_an_absolute_out_even_with_spaces(tmp_path):
+    fake = tmp_path / "fake_papermill.py"
+    fake.write_text(FAKE_PAPERMILL)
+    stamp = tmp_path / "stamp"
+    stamp.touch()
+    out = tmp_path / "my study" / "out"
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    run = subprocess.run(["make", "-C", notebook.REPO, "study", f"VENV={venv}", f"STAMP={stamp}",
+                          f"PAPERMILL={sys.executable} {fake}", f"OUT={out}", "PARAMS_SET=gpu_cluster",
+                          "NOTEBOOKS=01_strong_scaling 05_guidelines", "ANALYSES="],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    import json
+
+    args = json.load(open(out / "notebooks" / "01_strong_scaling.ipynb.args.json"))
+    assert args[:2] == ["-p", "out_dir"] and args[2] == str(out)  # absolute, spaces intact, nothing prefixed
+    d = os.path.join("notebooks", "params", "gpu_cluster")
+    assert args[3:7] == ["-f", f"{d}/launch.yaml", "-f", f"{d}/01_strong_scaling.yaml"]
+    assert json.load(open(out / "notebooks" / "05_guidelines.ipynb.args.json"))[3:4] != ["-f"]  # no file of its own
+    assert (out / "notebooks" / "05_guidelines.html").exists()
+    assert f"Report: {out}/report.html" in run.stdout
+    assert not os.path.exists(os.path.join(notebook.REPO, str(out).lstrip("/")))  # nothing under the repo
