@@ -212,12 +212,18 @@ def _strong(df: pd.DataFrame):
     w = plots.work_figure(t)
     if w is not None:
         figs["work"] = w
-        multi = t[t["world_size"] > 1].sort_values("work_per_process_s")
-        lo, hi = multi.iloc[0], multi.iloc[-1]
-        caps["work"] = (f"Efficiency against the work a process does per step, T(1)/N. See it rise with work per "
-                        f"process: {lo['efficiency']:.0%} at {lo['work_per_process_s'] * 1e3:.3g} ms "
-                        f"({lo['placement']}) to {hi['efficiency']:.0%} at {hi['work_per_process_s'] * 1e3:.3g} ms "
-                        f"({hi['placement']}): small work per process is latency-bound.")
+        parts = []
+        for p, g in t[t["world_size"] > 1].groupby("placement"):
+            g = g.sort_values("work_per_process_s")
+            if len(g) < 2:
+                continue
+            lo, hi = g.iloc[0], g.iloc[-1]
+            way = "rises" if hi["efficiency"] > lo["efficiency"] else "does not rise"
+            parts.append(f"at {p} it {way}, from {lo['efficiency']:.0%} at {lo['work_per_process_s'] * 1e3:.3g} ms to "
+                         f"{hi['efficiency']:.0%} at {hi['work_per_process_s'] * 1e3:.3g} ms")
+        caps["work"] = ("Efficiency against the work a process does per step, T(1)/N (log scale), one line per "
+                        "placement across the work sizes. Efficiency should rise with work per process (little work "
+                        "per process is latency-bound): " + "; ".join(parts) + ".")
     fits = []
     for key, g in results._groupby(t, [f for f in t.attrs.get("group_fields", []) if f in t]):
         s = results.fit_amdahl(g["world_size"], g["speedup"])

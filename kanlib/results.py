@@ -4,7 +4,7 @@ study (speedup, efficiency, Karp-Flatt, Amdahl fits, bootstrap intervals, expose
 Runtime code never imports this module (a rank imports no pandas); what a run writes is defined in
 kanlib.records. Derived quantities are computed here from records and never stored in them.
 
-Nothing is pooled that should not be (docs/measurement.md, "Groups"):
+Nothing is pooled that should not be:
 
 - **Code.** Records of different code (``code_version``; schema-1 records, which have none, count as
   the version ``unknown``) are never pooled. By default :func:`load_records` keeps, per study, the
