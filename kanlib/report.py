@@ -346,10 +346,17 @@ def findings(analyses: dict[str, StudyAnalysis]) -> list[dict]:
             grp = results.group_label({f: r[f] for f in t.attrs.get("group_fields", []) if f in r})
             parts.append(f"{p}: speedup {_ci_text(r['speedup'], r['speedup_lo'], r['speedup_hi'], _x)}, efficiency "
                          f"{_ci_text(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'], _pct)} ({grp})")
-        if n > 1 and len(t[t["world_size"] > 1]) > 1:
-            m = t[t["world_size"] > 1]
+        m = t[t["world_size"] > 1]
+        if len(m) > 1:
+            rising = {p: g.sort_values("work_per_process_s")["efficiency"].iloc[-1] >
+                      g.sort_values("work_per_process_s")["efficiency"].iloc[0]
+                      for p, g in m.groupby("placement") if len(g) > 1}
+            up = [p for p, r in rising.items() if r]
+            flat = [p for p, r in rising.items() if not r]
+            trend = (f", rising with work per process at {', '.join(up)}" if up else "") + \
+                    (f"{';' if up else ','} not rising with work per process at {', '.join(flat)}" if flat else "")
             parts.append(f"over {len(m)} multi-process points efficiency ranges {m['efficiency'].min():.0%}-"
-                         f"{m['efficiency'].max():.0%}, rising with work per process")
+                         f"{m['efficiency'].max():.0%}{trend}")
         out.append({"study": "strong_scaling", "topic": f"Strong scaling at the largest N ({n})",
                     "ours": "; ".join(parts) if n > 1 else "only N = 1 measured", "published": PUBLISHED["strong_scaling"]})
     a = analyses.get("weak_scaling")

@@ -176,6 +176,7 @@ def test_report_findings_first_offline_and_relative(study_dir):
                       "a drop in efficiency from 1 to several GPUs, then stable", "parameters-per-byte"):
         assert published in body
     assert "1x2: speedup 1.82x [" in body and "2x1: speedup 1.60x [" in body
+    assert "over 3 multi-process points efficiency ranges 50%-91%, rising with work per process at 1x2" in body
     assert "Communication overhead (exposed / step)" in body
     # readable tables with units, no raw floats
     assert "step time (ms)" in body and "efficiency" in body and not re.search(r"\d\.\d{6}e[+-]\d\d", body)
