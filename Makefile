@@ -7,7 +7,6 @@ PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.kanlib-installed
 OUT ?= outputs
-NB_OUT := $(OUT)/notebooks
 PAPERMILL := $(PY) -m papermill --cwd notebooks --log-output --progress-bar
 
 .PHONY: install study test test-fast bench clean-outputs
@@ -21,24 +20,62 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[notebooks,test]"
 	touch $(STAMP)
 
+# The notebooks are notebooks/*.py (jupytext percent format, no outputs); papermill and nbval run the
+# .ipynb generated from them under build/notebooks/ (ignored). Executed notebooks, their offline HTML
+# exports, records, figures and the report go under $(OUT); OUT may be absolute and may contain spaces.
+NB_BUILD := build/notebooks
+LAUNCH := 01_strong_scaling 02_weak_scaling 03_communication_overhead 04_model_size_scaling
+ANALYSES := 01_strong_scaling_analysis 02_weak_scaling_analysis 03_communication_overhead_analysis \
+	04_model_size_scaling_analysis
 # The launch notebooks run first, then the analyses, then the guidelines (which write the report).
-NOTEBOOKS := 01_strong_scaling 02_weak_scaling 03_communication_overhead 04_model_size_scaling \
-	01_strong_scaling_analysis 02_weak_scaling_analysis 03_communication_overhead_analysis \
-	04_model_size_scaling_analysis 05_guidelines
-# Extra papermill arguments, e.g. PARAMS="-f notebooks/params/gpu_cluster.yaml"
+NOTEBOOKS := $(LAUNCH) $(ANALYSES) 05_guidelines
+# Extra papermill arguments for every notebook, e.g. PARAMS="-p repeats 3"
 PARAMS ?=
+# A folder of per-notebook parameter files (notebooks/params/<set>/): launch.yaml for every launch
+# notebook, then <notebook>.yaml; e.g. PARAMS_SET=gpu_cluster. A notebook refuses a parameter it does
+# not have, so each file holds only its notebook's keys.
+PARAMS_SET ?=
+LAB_PORT ?= 8888
+# Extra JupyterLab arguments, e.g. LAB_ARGS=--ServerApp.token=secret
+LAB_ARGS ?=
 
-study: $(STAMP)
-	mkdir -p $(NB_OUT)
-	@for nb in $(NOTEBOOKS); do \
+.PHONY: notebooks lab
+
+notebooks: $(STAMP)
+	$(PY) -m runners.notebook ipynb
+
+study: notebooks
+	@out="$(OUT)"; case "$$out" in /*) ;; *) out="$$PWD/$$out";; esac; \
+	mkdir -p "$$out/notebooks" || exit 1; \
+	for nb in $(NOTEBOOKS); do \
 	  echo "== $$nb"; \
-	  $(PAPERMILL) -p out_dir ../$(OUT) $(PARAMS) notebooks/$$nb.ipynb $(NB_OUT)/$$nb.ipynb || exit 1; \
-	done
-	@echo "Study written under $(OUT)/: records per study, figures in $(OUT)/figures/, executed notebooks in $(NB_OUT)/"
-	@echo "Report: $(OUT)/report.html"
+	  set -- ; \
+	  if [ -n "$(PARAMS_SET)" ]; then \
+	    d="notebooks/params/$(PARAMS_SET)"; \
+	    case " $(LAUNCH) " in *" $$nb "*) [ -f "$$d/launch.yaml" ] && set -- "$$@" -f "$$d/launch.yaml";; esac; \
+	    [ -f "$$d/$$nb.yaml" ] && set -- "$$@" -f "$$d/$$nb.yaml"; \
+	  fi; \
+	  $(PAPERMILL) -p out_dir "$$out" "$$@" $(PARAMS) "$(NB_BUILD)/$$nb.ipynb" "$$out/notebooks/$$nb.ipynb" || exit 1; \
+	done; \
+	for nb in $(ANALYSES) 05_guidelines; do \
+	  $(PY) -m runners.notebook html "$$out/notebooks/$$nb.ipynb" "$$out/notebooks/$$nb.html" >/dev/null || exit 1; \
+	done; \
+	echo "Study written under $$out/: records per study, figures in $$out/figures/, executed notebooks and their HTML in $$out/notebooks/"; \
+	echo "Report: $$out/report.html"
 
-test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests notebooks --nbval-lax
+# JupyterLab on 127.0.0.1 with jupytext: notebooks/*.py open as notebooks (double-click) and save back as
+# text without outputs. --allow-root only when run as root. Settings live in build/lab (ignored).
+lab: $(STAMP)
+	@mkdir -p build/lab/user-settings/@jupyterlab/docmanager-extension
+	@test -f build/lab/user-settings/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings || \
+	  echo '{"defaultViewers": {"python": "Jupytext Notebook"}}' \
+	  > build/lab/user-settings/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings
+	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+	  --LabApp.user_settings_dir=build/lab/user-settings --LabApp.workspaces_dir=build/lab/workspaces \
+	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) --ServerApp.root_dir=. --ServerApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
+
+test: notebooks
+	$(PY) -m pytest -q -p no:cacheprovider tests $(NB_BUILD) --nbval-lax
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests -m "not slow and not slurm"

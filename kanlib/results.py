@@ -3,14 +3,32 @@ study (speedup, efficiency, Karp-Flatt, Amdahl fits, bootstrap intervals, expose
 
 Runtime code never imports this module (a rank imports no pandas); what a run writes is defined in
 kanlib.records. Derived quantities are computed here from records and never stored in them.
+
+Nothing is pooled that should not be:
+
+- **Code.** Records of different code (``code_version``; schema-1 records, which have none, count as
+  the version ``unknown``) are never pooled. By default :func:`load_records` keeps, per study, the
+  records of the newest code version (the one whose latest run finished last) and names what it left
+  out in ``df.attrs['left_out']``; ``code="all"`` keeps every version as a group of its own.
+- **Configuration.** Every table groups by every config field that differs between its records
+  (:func:`design`), except the study's own axes (placement, and e.g. the global batch of weak
+  scaling) and bookkeeping (``repeat``, ``out_dir``, timeouts, checkpointing), and shows those fields.
+  When records differ in a field that no single sweep of the study varies, the table's
+  ``attrs['note']`` says the folder holds several sweeps.
+- **Placement.** ``nnodes`` x ``nproc_per_node`` is always part of a table row: two processes on one
+  node (``1x2``) and on two nodes (``2x1``) are two points.
+- **Bad values.** A NaN, infinite, zero or negative time never enters a median (the loader refuses
+  such records already; the tables drop such values from frames built another way and count them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -23,21 +41,36 @@ class NoRecordsError(FileNotFoundError):
     """No record was found under the given folder."""
 
 
+UNKNOWN_CODE = "unknown"
+"""The code version of records written before ``code_version`` existed (schema 1)."""
+
+CODE_POLICIES = ("newest", "all")
+
+
 # -- loading -------------------------------------------------------------------------------
 def find_record_files(root: str) -> list[str]:
     """Every ``record.json`` below ``root`` (sorted)."""
     return sorted(glob.glob(os.path.join(root, "**", RECORD_NAME), recursive=True))
 
 
-def load_records(root: str, study: str | None = None, strict: bool = False) -> pd.DataFrame:
+def load_records(root: str, study: str | None = None, strict: bool = False, code: str = "newest") -> pd.DataFrame:
     """All run records under ``root`` as one row each (nested ``env`` flattened as ``env.X``).
 
     A record that cannot be read (truncated, not JSON, not an object) or fails
     :func:`kanlib.records.check_record` (unknown schema version, a NaN, zero or negative step time,
-    a non-numeric measurement) is skipped and named in ``df.attrs['bad']`` as ``(file, line, reason)`` with a warning; with
-    ``strict=True`` it raises :class:`RecordError`. No record at all raises
+    a non-numeric measurement) is skipped and named in ``df.attrs['bad']`` as ``(file, line, reason)``
+    with a warning; with ``strict=True`` it raises :class:`RecordError`. No record at all raises
     :class:`NoRecordsError` saying where it looked.
+
+    ``code`` chooses which code versions are kept: ``"newest"`` (default) keeps, per study, only the
+    records of the code version whose last run finished latest; ``"all"`` keeps every version (the
+    tables then group by ``code_version``); any other string keeps that ``code_version`` only.
+    ``df.attrs['left_out']`` lists what was left out as dicts (study, code_version, git_sha, n_records)
+    and ``df.attrs['code_note']`` says it in one sentence (empty when nothing was left out).
+    Every row carries ``code_version`` (``"unknown"`` for schema-1 records) and ``record_path``.
     """
+    if not isinstance(code, str) or not code:
+        raise ValueError(f"code: expected 'newest', 'all' or a code_version string, got {code!r}")
     files = find_record_files(root)
     rows, bad = [], []
     for path in files:
@@ -57,7 +90,10 @@ def load_records(root: str, study: str | None = None, strict: bool = False) -> p
             continue
         if study is not None and rec.get("study") != study:
             continue
-        rows.append(_flatten(rec))
+        row = _flatten(rec)
+        row["code_version"] = row.get("code_version") or UNKNOWN_CODE
+        row["record_path"] = path
+        rows.append(row)
     if bad:
         warnings.warn(f"skipped {len(bad)} unreadable record(s): "
                       + "; ".join(f"{p} line {ln}: {r}" for p, ln, r in bad), stacklevel=2)
@@ -66,10 +102,53 @@ def load_records(root: str, study: str | None = None, strict: bool = False) -> p
         raise NoRecordsError(f"no records{what} under {os.path.abspath(root)}"
                              + (f" ({len(bad)} unreadable)" if bad else ""))
     df = pd.DataFrame(rows)
-    if "world_size" in df:
-        df = df.sort_values(["study", "world_size", "repeat"], kind="stable").reset_index(drop=True)
+    df, left_out = select_code(df, code)
+    if df.empty:
+        raise NoRecordsError(f"no records of code_version {code!r} under {os.path.abspath(root)} "
+                             f"(have: {', '.join(sorted({d['code_version'] for d in left_out}))})")
+    sort = [c for c in ("study", "world_size", "nnodes", "repeat") if c in df]
+    df = df.sort_values(sort, kind="stable").reset_index(drop=True)
     df.attrs["bad"] = bad
+    df.attrs["left_out"] = left_out
+    df.attrs["code_note"] = code_note(left_out)
+    df.attrs["code"] = code
     return df
+
+
+def select_code(df: pd.DataFrame, code: str = "newest") -> tuple[pd.DataFrame, list[dict]]:
+    """The rows of ``df`` kept by the code policy ``code`` (see :func:`load_records`), and what was left out."""
+    if code == "all" or "code_version" not in df:
+        return df, []
+    keep = pd.Series(False, index=df.index)
+    studies = df["study"] if "study" in df else pd.Series("", index=df.index)
+    for s in studies.unique():
+        sel = studies == s
+        if code == "newest":
+            # the version whose latest run finished last (schema-1 records may lack finished_at)
+            when = df.loc[sel, "finished_at"] if "finished_at" in df else pd.Series("", index=df.index[sel])
+            when = when.fillna("").astype(str)
+            if "started_at" in df:
+                when = when.where(when != "", df.loc[sel, "started_at"].fillna("").astype(str))
+            newest = when.groupby(df.loc[sel, "code_version"]).max().sort_values(kind="stable").index[-1]
+            keep |= sel & (df["code_version"] == newest)
+        else:
+            keep |= sel & (df["code_version"] == code)
+    out = df[~keep]
+    left = []
+    for (s, cv), g in out.groupby([studies[~keep], out["code_version"]], sort=True):
+        shas = sorted({str(v) for v in g.get("git_sha", pd.Series(["unknown"])).fillna("unknown")})
+        left.append({"study": s, "code_version": cv, "git_sha": ", ".join(shas), "n_records": int(len(g))})
+    return df[keep], left
+
+
+def code_note(left_out: list[dict]) -> str:
+    """One sentence naming the records left out by the code policy ('' when none were)."""
+    if not left_out:
+        return ""
+    parts = [f"{d['n_records']} {d['study']} record(s) of code_version {d['code_version']} (git {d['git_sha']})"
+             for d in left_out]
+    return ("Left out records of other code (never pooled with the newest; load with code='all' to see them "
+            "as separate groups): " + "; ".join(parts) + ".")
 
 
 def load_steps(run_dir: str) -> pd.DataFrame:
@@ -122,6 +201,7 @@ def _flatten(rec: dict) -> dict:
     return out
 
 
+
 # -- statistics ----------------------------------------------------------------------------
 def bootstrap_ci(values, stat=np.median, n_boot: int = 2000, level: float = 0.95, seed: int = 0):
     """Percentile bootstrap interval of ``stat`` over ``values``: ``(low, high)``.
@@ -168,12 +248,166 @@ def fit_amdahl(n, speedup) -> float:
     return float(np.clip(np.sum(a * y) / np.sum(a * a), 0.0, 1.0))
 
 
-def _topology(g: pd.DataFrame) -> dict:
-    """Nodes x processes per node of a group of runs at one world size, and whether it crosses nodes."""
-    nodes = int(g["nnodes"].max()) if "nnodes" in g else 1
-    ppn = int(g["nproc_per_node"].max()) if "nproc_per_node" in g else int(g["world_size"].max())
-    return {"nnodes": nodes, "nproc_per_node": ppn, "topology": f"{nodes}x{ppn}",
-            "inter_node": nodes > 1}
+# -- groups ----------------------------------------------------------------------------------
+# Fields that never separate records: bookkeeping of a run, not what it measured.
+BOOKKEEPING = ("repeat", "out_dir", "pg_timeout_s", "checkpoint_every", "study", "config_backend",
+               "config_device", "record_path")
+# Fields of the records that are not config fields but say what ran (values used, or the code).
+RECORD_GROUP_FIELDS = ("backend", "device", "device_name", "code_version")
+# Each study's axes: what varies along a table's rows or a figure's x axis, within a group.
+STUDY_AXES = {
+    "strong_scaling": ("nnodes", "nproc_per_node"),
+    # global batch = per-process batch x N; the per-process batch (local_batch) is the group field
+    "weak_scaling": ("nnodes", "nproc_per_node", "global_batch"),
+    # the no-op run is each point's reference; emulation applies to the hooked runs only
+    "communication": ("comm_hook", "emulate_latency_s", "emulate_bandwidth_bytes_per_s", "nnodes",
+                      "nproc_per_node", "bucket_cap_mb", "nccl_algo"),
+    "model_size": ("model", "widths", "grid_size"),
+}
+# What one sweep of each study varies (runners/studies.py); records that differ in anything else
+# come from several sweeps.
+STUDY_DESIGN = {
+    "strong_scaling": ("nnodes", "nproc_per_node", "global_batch", "widths", "n_train"),
+    "weak_scaling": ("nnodes", "nproc_per_node", "global_batch", "local_batch"),
+    "communication": ("nnodes", "nproc_per_node", "bucket_cap_mb", "nccl_algo", "comm_hook",
+                      "emulate_latency_s", "emulate_bandwidth_bytes_per_s"),
+    "model_size": ("model", "widths", "grid_size", "parallelism"),
+}
+
+
+def config_fields() -> list[str]:
+    """The names of every :class:`kanlib.config.RunConfig` field, in declaration order."""
+    from kanlib.config import RunConfig
+
+    return [f.name for f in dataclasses.fields(RunConfig)]
+
+
+@dataclass
+class Design:
+    """How a study's records split: ``groups`` are the fields that differ between records and
+    separate them (each combination is analysed on its own); ``axes`` vary within a group;
+    ``several_sweeps`` names group fields that no single sweep of the study varies."""
+
+    study: str
+    groups: list[str]
+    axes: list[str]
+    several_sweeps: list[str]
+    n_groups: int
+    varying: list[str] = dataclasses.field(default_factory=list)
+    """The group fields that actually differ (``groups`` may add fields shown always, such as model)."""
+
+    @property
+    def note(self) -> str:
+        """A sentence for tables and reports: what separates the groups ('' for one group)."""
+        if self.n_groups <= 1:
+            return ""
+        text = (f"{self.n_groups} groups of {self.study} records differ in {', '.join(self.varying or self.groups)}; "
+                f"each is analysed on its own.")
+        if self.several_sweeps:
+            text += (f" This folder holds several sweeps: no single {self.study} sweep varies "
+                     f"{', '.join(self.several_sweeps)}.")
+        return text
+
+
+def _varies(s: pd.Series) -> bool:
+    return s.map(_hashable).nunique(dropna=False) > 1
+
+
+def _hashable(v):
+    return tuple(v) if isinstance(v, list) else v
+
+
+def design(df: pd.DataFrame, study: str | None = None, extra: tuple[str, ...] = ()) -> Design:
+    """The group fields of ``df`` (records of one study): every config field, plus backend, device,
+    device name and code version, that differs between records, except bookkeeping and the study's
+    axes; ``extra`` fields are added (and kept even when constant)."""
+    study = study or (str(df["study"].iloc[0]) if "study" in df and len(df) else "")
+    axes = list(STUDY_AXES.get(study, ("nnodes", "nproc_per_node")))
+    candidates = [f for f in config_fields() + list(RECORD_GROUP_FIELDS) + ["local_batch"]
+                  if f not in BOOKKEEPING and f not in axes]
+    groups = [f for f in candidates if f in df and _varies(df[f])]
+    groups += [f for f in extra if f not in groups and f in df]
+    designed = set(STUDY_DESIGN.get(study, ())) | {"model"}
+    sweeps = [f for f in groups if f not in designed and f not in extra]
+    n = int(df[groups].map(_hashable).drop_duplicates().shape[0]) if groups and len(df) else 1
+    return Design(study, groups, axes, sweeps, n, [f for f in groups if _varies(df[f])])
+
+
+def group_label(values: dict, fields=None) -> str:
+    """``"widths=[2, 32, 32, 1], global_batch=512"`` for the given group fields of a row (or dict)."""
+    fields = list(values.keys()) if fields is None else list(fields)
+    parts = []
+    for f in fields:
+        v = values[f]
+        if isinstance(v, tuple):
+            v = list(v)
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        parts.append(f"{f}={v}")
+    return ", ".join(parts)
+
+
+def _groupby(df: pd.DataFrame, keys: list[str]):
+    """``(dict of key values, sub-frame)`` per group (one group with no keys); list values hashable."""
+    if not keys:
+        yield {}, df
+        return
+    hk = df[keys].map(_hashable)
+    by = keys[0] if len(keys) == 1 else keys  # one key: scalar group keys (a tuple value stays one value)
+    items = list(hk.groupby(by, dropna=False, sort=False).groups.items())
+    try:
+        items.sort(key=lambda kv: kv[0])
+    except TypeError:  # mixed types in a column (None beside strings): a stable order all the same
+        items.sort(key=lambda kv: repr(kv[0]))
+    for key, idx in items:
+        key = key if len(keys) > 1 else (key,)
+        yield dict(zip(keys, key)), df.loc[idx]
+
+
+def _valid(df: pd.DataFrame, col: str) -> tuple[pd.DataFrame, int]:
+    """Rows whose ``col`` is a finite positive number, and how many were dropped (NaN never passes)."""
+    v = pd.to_numeric(df[col], errors="coerce")
+    ok = np.isfinite(v.to_numpy(float)) & (v.to_numpy(float) > 0)
+    return df[ok], int((~ok).sum())
+
+
+def placement_of(nnodes, nproc_per_node) -> str:
+    """``"2x1"`` from nodes and processes per node."""
+    return f"{int(nnodes)}x{int(nproc_per_node)}"
+
+
+def _placement_cols(df: pd.DataFrame) -> pd.DataFrame:
+    """``nnodes`` and ``nproc_per_node`` filled in (schema-1 records may lack them), ``placement`` added."""
+    df = df.copy()
+    if "nnodes" not in df:
+        df["nnodes"] = 1
+    if "nproc_per_node" not in df:
+        df["nproc_per_node"] = df["world_size"] // df["nnodes"]
+    df["nnodes"] = df["nnodes"].fillna(1).astype(int)
+    df["nproc_per_node"] = df["nproc_per_node"].fillna(df["world_size"] // df["nnodes"]).astype(int)
+    df["placement"] = [placement_of(n, p) for n, p in zip(df["nnodes"], df["nproc_per_node"])]
+    return df
+
+
+def _placements(g: pd.DataFrame) -> list[tuple[int, int]]:
+    """The (nodes, processes per node) points of a group: by world size, then fewer nodes first."""
+    pts = {(int(n), int(p)) for n, p in zip(g["nnodes"], g["nproc_per_node"])}
+    return sorted(pts, key=lambda np_: (np_[0] * np_[1], np_[0]))
+
+
+def placement_key(p: str) -> tuple[int, int]:
+    """Sort key of a placement ``"NxP"``: world size, then fewer nodes first."""
+    n, q = (int(v) for v in str(p).split("x"))
+    return n * q, n
+
+
+def _at(g: pd.DataFrame, nodes: int, ppn: int) -> pd.DataFrame:
+    return g[(g["nnodes"] == nodes) & (g["nproc_per_node"] == ppn)]
+
+
+def _family(nodes: int) -> str:
+    """Which line a placement belongs to: processes on one node, or spread over several."""
+    return "one node" if nodes == 1 else "across nodes"
 
 
 def _median_ci(v, n_boot: int, seed: int) -> tuple[float, float, float]:
@@ -181,141 +415,236 @@ def _median_ci(v, n_boot: int, seed: int) -> tuple[float, float, float]:
     return float(np.median(v)), lo, hi
 
 
-def scaling_table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, ...] = (),
-                  n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Strong-scaling table: one row per (``by`` groups, world size) with the median of ``metric``
-    over repeats, its bootstrap 95% interval, the speedup ``T(1) / T(N)`` (with an interval from
-    resampling both), the efficiency ``S / N`` and the Karp-Flatt serial fraction.
+def _boot_medians(v: np.ndarray, rng, n_boot: int) -> np.ndarray:
+    """``n_boot`` bootstrap medians of ``v``."""
+    return np.median(v[rng.integers(0, v.size, (n_boot, v.size))], axis=1)
 
-    ``T(1)`` is the median at the smallest world size of the group (normally 1); speedup and
-    efficiency are relative to it, scaled by that world size.
-    """
-    if metric not in df:
-        raise KeyError(f"column {metric!r} is not in the records (have: {', '.join(df.columns)})")
-    rows = []
-    groups = df.groupby(list(by), dropna=False) if by else [((), df)]
-    for key, g in groups:
-        key = key if isinstance(key, tuple) else (key,)
-        rng = np.random.default_rng(seed)  # each group's interval depends on its own data only
-        sizes = sorted(g["world_size"].unique())
-        n0 = sizes[0]
-        base = g.loc[g["world_size"] == n0, metric].to_numpy(float)
-        t0 = float(np.median(base))
-        for n in sizes:
-            v = g.loc[g["world_size"] == n, metric].to_numpy(float)
-            med, lo, hi = _median_ci(v, n_boot, seed)
-            boots = (np.median(base[rng.integers(0, base.size, (n_boot, base.size))], axis=1)
-                     / np.median(v[rng.integers(0, v.size, (n_boot, v.size))], axis=1))
-            sp = t0 / med * n0
-            if n == n0:  # the baseline's speedup is n0 by definition: no interval to estimate
-                boots = np.full(2, sp / n0)
-            rows.append({**dict(zip(by, key)), "world_size": int(n), **_topology(g[g["world_size"] == n]),
-                         "n_runs": int(v.size),
-                         metric: med, f"{metric}_lo": lo, f"{metric}_hi": hi,
-                         "speedup": sp, "speedup_lo": float(np.quantile(boots, 0.025)) * n0,
-                         "speedup_hi": float(np.quantile(boots, 0.975)) * n0,
-                         "efficiency": sp / n})
-            rows[-1]["efficiency_lo"] = rows[-1]["speedup_lo"] / n
-            rows[-1]["efficiency_hi"] = rows[-1]["speedup_hi"] / n
-    out = pd.DataFrame(rows)
-    out["karp_flatt"] = karp_flatt(out["speedup"], out["world_size"])
+
+def _q(a: np.ndarray) -> tuple[float, float]:
+    a = a[np.isfinite(a)]
+    if a.size == 0:
+        return float("nan"), float("nan")
+    return float(np.quantile(a, 0.025)), float(np.quantile(a, 0.975))
+
+
+def _finish(out: pd.DataFrame, d: Design, dropped: int, what: str) -> pd.DataFrame:
+    notes = [d.note] if d.note else []
+    if dropped:
+        notes.append(f"{dropped} record(s) with a NaN, infinite, zero or negative {what} were left out.")
+    out.attrs["group_fields"] = d.groups
+    out.attrs["design"] = d
+    out.attrs["note"] = " ".join(notes)
     return out
 
 
-def weak_scaling_table(df: pd.DataFrame, by: tuple[str, ...] = ("local_batch",), n_boot: int = 2000,
-                       seed: int = 0) -> pd.DataFrame:
-    """Weak scaling at a fixed per-process batch: per (``by``, world size) the median throughput
-    ``X(N) = global_batch / T(N)`` with its bootstrap interval, the per-process throughput
-    ``X(N) / N``, the weak-scaling efficiency ``E_w = X(N) / (N X(N0))`` against the smallest world
-    size ``N0`` (normally 1), and ``E_w,multi = X(N) N1 / (N X(N1))`` against the first
-    multi-process point ``N1`` (the study saw a drop from 1 to several GPUs, then stability).
+def _groups_of(df: pd.DataFrame, study: str, by) -> Design:
+    d = design(df, study, extra=tuple(by or ()))
+    if "model" in df and "model" not in d.groups and "model" not in d.axes:
+        d.groups.insert(0, "model")  # always shown: every figure colours by it
+    return d
+
+
+def scaling_table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, ...] | None = None,
+                  n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Strong-scaling table: one row per (group, placement) with the median of ``metric`` over
+    repeats, its bootstrap 95% interval, the speedup ``T(N0) / T(N) * N0`` (interval from resampling
+    both), the efficiency ``S / N`` (with its interval) and the Karp-Flatt serial fraction.
+
+    Groups are every config field that differs between the records (:func:`design`), plus ``by``.
+    ``N0`` is the group's smallest world size (normally 1; on the fewest nodes when several
+    placements have it). Placements stay apart: ``1x2`` and ``2x1`` are two rows at N = 2.
+    ``work_per_process_s = T(N0) N0 / N`` is the compute a process would do at N with perfect scaling
+    (the x axis of "efficiency against work per process"). Columns: the group fields, ``world_size``,
+    ``nnodes``, ``nproc_per_node``, ``placement``, ``inter_node``, ``n_runs``, ``<metric>`` with
+    ``_lo``/``_hi``, ``speedup``/``_lo``/``_hi``, ``efficiency``/``_lo``/``_hi``, ``karp_flatt``,
+    ``local_batch``, ``work_per_process_s``. ``attrs['note']`` says what separates the groups.
     """
-    df = df.copy()
+    if metric not in df:
+        raise KeyError(f"column {metric!r} is not in the records (have: {', '.join(df.columns)})")
+    df, dropped = _valid(_placement_cols(df), metric)
+    d = _groups_of(df, "strong_scaling", by)
+    rows = []
+    for key, g in _groupby(df, d.groups):
+        rng = np.random.default_rng(seed)  # each group's interval depends on its own data only
+        pts = _placements(g)
+        n0_nodes, n0_ppn = pts[0]
+        n0 = n0_nodes * n0_ppn
+        base = _at(g, n0_nodes, n0_ppn)[metric].to_numpy(float)
+        t0 = float(np.median(base))
+        for nodes, ppn in pts:
+            n = nodes * ppn
+            at = _at(g, nodes, ppn)
+            v = at[metric].to_numpy(float)
+            med, lo, hi = _median_ci(v, n_boot, seed)
+            sp = t0 / med * n0
+            if (nodes, ppn) == (n0_nodes, n0_ppn):  # the baseline's speedup is n0 by definition
+                sp_lo = sp_hi = sp
+            else:
+                sp_lo, sp_hi = (x * n0 for x in _q(_boot_medians(base, rng, n_boot) / _boot_medians(v, rng, n_boot)))
+            gb = int(at["global_batch"].iloc[0]) if "global_batch" in at else 0
+            work = {k: at[k].iloc[0] for k in ("widths", "global_batch") if k in at and k not in key}
+            rows.append({**key, **work, "world_size": n, "nnodes": nodes, "nproc_per_node": ppn,
+                         "placement": placement_of(nodes, ppn), "inter_node": nodes > 1, "n_runs": int(v.size),
+                         metric: med, f"{metric}_lo": lo, f"{metric}_hi": hi,
+                         "speedup": sp, "speedup_lo": sp_lo, "speedup_hi": sp_hi,
+                         "efficiency": sp / n, "efficiency_lo": sp_lo / n, "efficiency_hi": sp_hi / n,
+                         "local_batch": gb // n if gb else np.nan, "work_per_process_s": t0 * n0 / n})
+    out = pd.DataFrame(rows)
+    if not out.empty:
+        out["karp_flatt"] = karp_flatt(out["speedup"], out["world_size"])
+    return _finish(out, d, dropped, metric)
+
+
+def weak_scaling_table(df: pd.DataFrame, by: tuple[str, ...] | None = None, n_boot: int = 2000,
+                       seed: int = 0) -> pd.DataFrame:
+    """Weak scaling at a fixed per-process batch: per (group, placement) the median throughput
+    ``X(N) = global_batch / T(N)`` with its bootstrap interval, the per-process throughput ``X(N) / N``,
+    the weak-scaling efficiency ``E_w = X(N) N0 / (N X(N0))`` against the group's smallest world size
+    ``N0`` (with a bootstrap interval), and ``E_w,multi = X(N) N1 / (N X(N1))`` against the first
+    multi-process point ``N1`` of the same kind of placement (one node, or across nodes): the
+    published study saw a drop from 1 to several GPUs, then stability.
+
+    Groups: the per-process batch ``local_batch`` and every other config field that differs (model,
+    widths, ...), never only the batch. NaN for ``E_w,multi`` where it is not defined.
+    """
+    df, dropped = _valid(_placement_cols(df), "step_time_s")
     df["local_batch"] = df["global_batch"] // df["world_size"]
     df["throughput"] = df["global_batch"] / df["step_time_s"]
+    d = _groups_of(df, "weak_scaling", tuple(by or ()) + ("local_batch",))
     rows = []
-    for key, g in df.groupby(list(by), dropna=False):
-        key = key if isinstance(key, tuple) else (key,)
-        sizes = sorted(g["world_size"].unique())
-        x = {n: g.loc[g["world_size"] == n, "throughput"].to_numpy(float) for n in sizes}
-        n0 = sizes[0]
-        multi = [n for n in sizes if n > 1]
-        n1 = multi[0] if multi else None
-        x0 = float(np.median(x[n0]))
-        for n in sizes:
-            med, lo, hi = _median_ci(x[n], n_boot, seed)
-            row = {**dict(zip(by, key)), "world_size": int(n), **_topology(g[g["world_size"] == n]),
-                   "n_runs": int(x[n].size),
-                   "throughput": med, "throughput_lo": lo, "throughput_hi": hi,
-                   "per_process_throughput": med / n,
-                   "weak_efficiency": med * n0 / (n * x0),
-                   "weak_efficiency_multi": (med * n1 / (n * float(np.median(x[n1])))
-                                             if n1 is not None and n >= n1 else np.nan)}
-            rows.append(row)
-    return pd.DataFrame(rows)
+    for key, g in _groupby(df, d.groups):
+        rng = np.random.default_rng(seed)
+        pts = _placements(g)
+        x = {p: _at(g, *p)["throughput"].to_numpy(float) for p in pts}
+        p0 = pts[0]
+        n0 = p0[0] * p0[1]
+        x0 = float(np.median(x[p0]))
+        boot0 = _boot_medians(x[p0], rng, n_boot)
+        first_multi = {}
+        for p in pts:
+            fam = _family(p[0])
+            if p[0] * p[1] > 1 and fam not in first_multi:
+                first_multi[fam] = p
+        for p in pts:
+            n = p[0] * p[1]
+            med, lo, hi = _median_ci(x[p], n_boot, seed)
+            if p == p0:
+                e_lo = e_hi = 1.0 * n0 / n * med / x0
+            else:
+                e_lo, e_hi = _q(_boot_medians(x[p], rng, n_boot) * n0 / (n * boot0))
+            p1 = first_multi.get(_family(p[0]))
+            multi = np.nan
+            if p1 is not None and n >= p1[0] * p1[1]:
+                n1 = p1[0] * p1[1]
+                multi = med * n1 / (n * float(np.median(x[p1])))
+            rows.append({**key, "world_size": n, "nnodes": p[0], "nproc_per_node": p[1],
+                         "placement": placement_of(*p), "inter_node": p[0] > 1, "n_runs": int(x[p].size),
+                         "throughput": med, "throughput_lo": lo, "throughput_hi": hi,
+                         "per_process_throughput": med / n,
+                         "weak_efficiency": med * n0 / (n * x0), "weak_efficiency_lo": e_lo,
+                         "weak_efficiency_hi": e_hi, "weak_efficiency_multi": multi})
+    return _finish(pd.DataFrame(rows), d, dropped, "step_time_s")
 
 
+# The fields that identify a communication point besides its group fields (always table columns).
 COMM_KEYS = ("world_size", "nnodes", "nproc_per_node", "bucket_cap_mb", "nccl_algo", "model", "widths",
-             "global_batch")
+             "global_batch", "grid_size", "kan_impl")
 
 
 def communication_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Exposed communication by the no-op-hook method, per configuration point.
+    """Exposed communication by the no-op-hook method, per point (group, placement, bucket size, NCCL
+    algorithm) and communication hook.
 
-    Each point (same config but for ``comm_hook``) needs runs with ``comm_hook='timed'`` (real
-    all-reduce, each bucket timed) and ``comm_hook='noop'`` (same bucketing, no network). With
-    medians over repeats:
+    Each point needs runs with a real communication hook (``timed``, or ``bf16``/``fp16``/``powersgd``,
+    each bucket timed; possibly through an emulated link) and runs with ``comm_hook='noop'`` (same
+    bucketing, no network). With medians over repeats:
 
-    - ``t_allreduce_s``: step time with the all-reduce; ``t_noop_s``: step time without it;
-    - ``comm_total_s``: summed bucket all-reduce time per step (includes queueing);
+    - ``t_allreduce_s``: step time with the hook's communication; ``t_noop_s``: step time without it;
+    - ``comm_total_s``: summed bucket communication time per step (includes queueing and waiting);
     - ``exposed_raw_s = t_allreduce_s - t_noop_s``: the communication the step waits for;
     - ``exposed_s``: the same clipped to ``[0, comm_total_s]`` (outside it is timing noise;
       ``exposed_clipped`` says when that happened);
     - ``overlap_s = comm_total_s - exposed_s``; ``overlap_fraction = overlap_s / comm_total_s``;
-    - ``overhead_fraction = exposed_s / t_allreduce_s`` (the study's 'communication overhead');
+    - ``overhead_fraction = exposed_s / t_allreduce_s`` (the study's 'communication overhead'), with a
+      bootstrap interval ``overhead_lo``/``overhead_hi`` resampling both kinds of run;
     - ``compute_s = t_allreduce_s - exposed_s``.
+
+    Groups are every other config field that differs (grid size, ``kan_impl``, widths, ...).
     """
-    need = {"timed", "noop"}
+    need = {"noop"}
     have = set(df["comm_hook"].unique()) if "comm_hook" in df else set()
-    if not need <= have:
-        raise KeyError(f"communication_table needs runs with comm_hook 'timed' and 'noop'; have {sorted(have)}")
-    keys = [k for k in COMM_KEYS if k in df]
+    hooks = sorted(have - {"noop", "default"})
+    if not need <= have or not hooks:
+        raise KeyError("communication_table needs runs with comm_hook 'noop' and with a timed hook "
+                       f"('timed', 'bf16', 'fp16' or 'powersgd'); have {sorted(have)}")
+    df, dropped = _valid(_placement_cols(df), "step_time_s")
+    for c in ("emulate_latency_s", "emulate_bandwidth_bytes_per_s"):
+        if c not in df:
+            df[c] = 0.0
+    d = _groups_of(df, "communication", ())
+    point = list(dict.fromkeys(d.groups + [k for k in ("nnodes", "nproc_per_node", "bucket_cap_mb", "nccl_algo")
+                                           if k in df]))
     rows = []
-    for key, g in df.groupby(keys, dropna=False):
-        t = g.loc[g["comm_hook"] == "timed"]
-        z = g.loc[g["comm_hook"] == "noop"]
-        if t.empty or z.empty:
+    for key, g in _groupby(df, point):
+        rng = np.random.default_rng(seed)
+        z = g[g["comm_hook"] == "noop"]
+        if z.empty:
             continue
-        ta, ta_lo, ta_hi = _median_ci(t["step_time_s"].to_numpy(float), n_boot, seed)
-        tn, tn_lo, tn_hi = _median_ci(z["step_time_s"].to_numpy(float), n_boot, seed)
-        ct = float(np.median(t["comm_total_s"].to_numpy(float)))
-        raw = ta - tn
-        exposed = float(np.clip(raw, 0.0, ct))
-        rows.append({**dict(zip(keys, key)), "n_runs": int(min(len(t), len(z))),
-                     "t_allreduce_s": ta, "t_allreduce_lo": ta_lo, "t_allreduce_hi": ta_hi,
-                     "t_noop_s": tn, "t_noop_lo": tn_lo, "t_noop_hi": tn_hi,
-                     "comm_total_s": ct, "exposed_raw_s": raw, "exposed_s": exposed,
-                     "exposed_clipped": bool(exposed != raw),
-                     "overlap_s": ct - exposed, "overlap_fraction": (ct - exposed) / ct if ct > 0 else np.nan,
-                     "overhead_fraction": exposed / ta, "compute_s": ta - exposed})
-    return pd.DataFrame(rows)
+        tz = z["step_time_s"].to_numpy(float)
+        tn, tn_lo, tn_hi = _median_ci(tz, n_boot, seed)
+        hooked = g[~g["comm_hook"].isin(["noop", "default"])]
+        for hk, t in _groupby(hooked, ["comm_hook", "emulate_latency_s", "emulate_bandwidth_bytes_per_s"]):
+            ta_v = t["step_time_s"].to_numpy(float)
+            ta, ta_lo, ta_hi = _median_ci(ta_v, n_boot, seed)
+            ct_v = pd.to_numeric(t["comm_total_s"], errors="coerce").to_numpy(float) if "comm_total_s" in t \
+                else np.full(len(t), np.nan)
+            ct = float(np.nanmedian(ct_v)) if np.isfinite(ct_v).any() else float("nan")
+            raw = ta - tn
+            exposed = float(np.clip(raw, 0.0, ct)) if np.isfinite(ct) else max(raw, 0.0)
+            bt, bz = _boot_medians(ta_v, rng, n_boot), _boot_medians(tz, rng, n_boot)
+            hi_clip = ct if np.isfinite(ct) else np.inf
+            ov_lo, ov_hi = _q(np.clip(bt - bz, 0.0, hi_clip) / bt)
+            n = int(key["nnodes"]) * int(key["nproc_per_node"])
+            rows.append({**key, **hk, "world_size": n, "placement": placement_of(key["nnodes"], key["nproc_per_node"]),
+                         "inter_node": int(key["nnodes"]) > 1, "n_runs": int(min(len(t), len(z))),
+                         "t_allreduce_s": ta, "t_allreduce_lo": ta_lo, "t_allreduce_hi": ta_hi,
+                         "t_noop_s": tn, "t_noop_lo": tn_lo, "t_noop_hi": tn_hi,
+                         "comm_total_s": ct, "exposed_raw_s": raw, "exposed_s": exposed,
+                         "exposed_clipped": bool(exposed != raw),
+                         "overlap_s": ct - exposed,
+                         "overlap_fraction": (ct - exposed) / ct if ct > 0 else np.nan,
+                         "overhead_fraction": exposed / ta, "overhead_lo": ov_lo, "overhead_hi": ov_hi,
+                         "compute_s": ta - exposed})
+    out = pd.DataFrame(rows)
+    if not out.empty:
+        out = out.sort_values(["world_size", "nnodes", "bucket_cap_mb"], kind="stable").reset_index(drop=True)
+    return _finish(out, d, dropped, "step_time_s")
 
 
 def model_size_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Model-size scaling: per (model, widths, grid size) the parameter count, median step time with
-    its interval, peak memory, ``params_per_byte = n_params / peak_mem_bytes``,
+    """Model-size scaling: per (group, model, widths, grid size) the parameter count, median step time
+    with its interval, peak memory, ``params_per_byte = n_params / peak_mem_bytes``,
     ``params_per_state_byte = n_params / model_state_bytes`` and ``time_per_param_s = step_time / n_params``.
+    Groups: every other config field that differs (parallelism, placement, batch, ...).
     """
-    keys = [k for k in ("model", "widths", "grid_size", "spline_order", "global_batch", "world_size") if k in df]
+    df, dropped = _valid(_placement_cols(df), "step_time_s")
+    d = _groups_of(df, "model_size", ())
+    keys = list(dict.fromkeys(d.groups + [k for k in ("model", "widths", "grid_size", "spline_order",
+                                                      "nnodes", "nproc_per_node") if k in df]))
     rows = []
-    for key, g in df.groupby(keys, dropna=False):
+    for key, g in _groupby(df, keys):
         st, lo, hi = _median_ci(g["step_time_s"].to_numpy(float), n_boot, seed)
         n = int(g["n_params"].iloc[0])
         mem = float(np.median(g["peak_mem_bytes"].to_numpy(float)))
-        point = dict(zip(keys, key))
-        rows.append({**point, "n_runs": len(g), "n_params": n,
-                     "depth": len(point["widths"]) - 1 if "widths" in point else np.nan, "step_time_s": st, "step_time_lo": lo, "step_time_hi": hi,
-                     "peak_mem_bytes": mem, "model_state_bytes": float(g["model_state_bytes"].iloc[0]),
-                     "params_per_byte": n / mem, "params_per_state_byte": n / float(g["model_state_bytes"].iloc[0]),
-                     "time_per_param_s": st / n})
-    return pd.DataFrame(rows).sort_values(["model", "n_params"]).reset_index(drop=True)
+        state = float(g["model_state_bytes"].iloc[0]) if "model_state_bytes" in g else np.nan
+        rows.append({**key, "placement": placement_of(key["nnodes"], key["nproc_per_node"]), "n_runs": len(g),
+                     "n_params": n, "depth": len(key["widths"]) - 1 if "widths" in key else np.nan,
+                     "step_time_s": st, "step_time_lo": lo, "step_time_hi": hi,
+                     "peak_mem_bytes": mem, "model_state_bytes": state,
+                     "params_per_byte": n / mem if mem > 0 else np.nan,
+                     "params_per_state_byte": n / state if state > 0 else np.nan,
+                     "time_per_param_s": st / n if n > 0 else np.nan})
+    out = pd.DataFrame(rows)
+    if not out.empty:
+        out = out.sort_values(["model", "n_params"], kind="stable").reset_index(drop=True)
+    return _finish(out, d, dropped, "step_time_s")

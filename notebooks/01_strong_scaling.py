@@ -1,0 +1,77 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     notebook_metadata_filter: kernelspec,jupytext,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 Strong scaling: fixed global batch, growing process count
+#
+# Launches one `torchrun` job per placement, work size and repeat through `runners` (locally, or on SLURM
+# with `launcher="slurm"`), and collects one record per run under `out_dir/strong_scaling/`. A placement
+# `"NxP"` is N nodes x P processes per node: `1x2` and `2x1` are both 2 processes, on one node and across
+# two (locally, `2x1` runs two torchruns on this host joined by one rendezvous). Several global batches and
+# widths give several work sizes per process, from latency-bound to compute-bound. The companion notebook
+# `01_strong_scaling_analysis` turns the records into speedup and efficiency figures. Defaults are tiny
+# (CPU, seconds per run); full-size parameters: `-f notebooks/params/gpu_cluster.yaml`.
+
+# %% tags=["parameters"]
+placements: list[str] = ["1x1", "1x2", "2x1"]  # N nodes x P processes per node
+world_sizes: list[int] = []  # instead of placements: N processes as N / procs_per_node nodes
+procs_per_node: int = 0  # with world_sizes: 0 puts all processes on one node
+model: str = "kan"  # kan | kan_rbf | kan_cheb | mlp
+kan_impl: str = "fast"  # B-spline path: compiled | fast | reference
+widths: list[int] = [2, 32, 32, 1]  # layer widths, input first
+widths_list: list[list[int]] = []  # several model sizes (empty: widths only)
+grid_size: int = 5  # spline grid intervals
+task: str = "exp_sin"  # exp_sin | highdim | product | file (widths[0] must match its inputs)
+global_batch: int = 512  # samples per step summed over all processes
+global_batches: list[int] = [512, 4096]  # several work sizes (empty: global_batch only)
+steps: int = 25  # optimizer steps, warm-up included
+warmup_steps: int = 5  # steps excluded from timing
+repeats: int = 2  # separate runs per point
+n_train: int = 16384  # training samples generated from the seed (task file: at most this many rows)
+data_path: str = ""  # task file: a CSV (header, numeric columns) or .npz (x, y) of real data
+target: str = ""  # task file, CSV: the target column (default: the last one)
+threads: int = 1  # torch threads per process
+backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
+device: str = "auto"  # auto | cpu | cuda
+launcher: str = "local"  # local (torchrun here; NxP with N > 1 runs N torchruns here) | multinode | slurm
+launcher_opts: dict = {}  # slurm site settings, e.g. {"partition": "gpu", "gpus_per_node": 4, "time_limit": "00:30:00"}
+out_dir: str = "../outputs"  # records go to out_dir/<study>/<run_key>/
+timeout_s: float = 900.0  # per-run deadline in seconds
+
+# %%
+import pandas as pd
+
+from runners import notebook, studies
+from runners.sweep import SUMMARY_COLUMNS, run_sweep
+
+params = notebook.check_parameters(globals())
+base = notebook.base_config(params)
+configs = studies.strong_scaling(world_sizes or None, base, repeats=repeats, procs_per_node=procs_per_node,
+                                 placements=None if world_sizes else placements,
+                                 global_batches=global_batches or None, widths_list=widths_list or None)
+print(f"{len(configs)} runs: {len({c.placement for c in configs})} placements x "
+      f"{len({(c.global_batch, c.widths) for c in configs})} work sizes x {repeats} repeats")
+
+# %%
+result = run_sweep(configs, launcher=launcher, launcher_opts=launcher_opts, timeout_s=timeout_s)
+
+# %%
+summary = pd.DataFrame(result.records)
+summary[[c for c in SUMMARY_COLUMNS if c in summary]]
+
+# %%
+if result.failures:
+    raise RuntimeError(f"{len(result.failures)} of {len(configs)} runs failed: "
+                       + "; ".join(m.splitlines()[0] for _, m in result.failures))

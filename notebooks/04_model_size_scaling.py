@@ -1,0 +1,70 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     notebook_metadata_filter: kernelspec,jupytext,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 Model-size scaling: KAN against a matched-parameter MLP
+#
+# Sweeps hidden width, depth and grid size; each KAN runs beside an MLP with (as near as possible) the same
+# parameter count. Records go to `out_dir/model_size/`.
+
+# %% tags=["parameters"]
+hidden_widths: list[int] = [8, 32, 64]  # hidden layer widths
+depths: list[int] = [2]  # numbers of hidden layers
+grid_sizes: list[int] = [5]  # spline grid intervals
+with_mlp: bool = True  # add a matched-parameter MLP per KAN
+parallelisms: list[str] = ["ddp"]  # ddp | fsdp
+world_size: int = 1  # processes per run (one node)
+model: str = "kan"  # the KAN kind: kan | kan_rbf | kan_cheb
+kan_impl: str = "fast"  # compiled | fast | reference
+widths: list[int] = [2, 1]  # input and output width (hidden layers come from hidden_widths)
+task: str = "exp_sin"  # exp_sin | highdim | product | file (widths[0] must match its inputs)
+global_batch: int = 256  # samples per step
+steps: int = 20  # optimizer steps, warm-up included
+warmup_steps: int = 5  # steps excluded from timing
+repeats: int = 1  # separate runs per point
+n_train: int = 16384  # training samples generated from the seed (task file: at most this many rows)
+data_path: str = ""  # task file: a CSV (header, numeric columns) or .npz (x, y) of real data
+target: str = ""  # task file, CSV: the target column (default: the last one)
+threads: int = 1  # torch threads per process
+backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
+device: str = "auto"  # auto | cpu | cuda
+launcher: str = "local"  # local (torchrun here; NxP with N > 1 runs N torchruns here) | multinode | slurm
+launcher_opts: dict = {}  # slurm site settings, e.g. {"partition": "gpu", "gpus_per_node": 4, "time_limit": "00:30:00"}
+out_dir: str = "../outputs"  # records go to out_dir/<study>/<run_key>/
+timeout_s: float = 900.0  # per-run deadline in seconds
+
+# %%
+import pandas as pd
+
+from runners import notebook, studies
+from runners.sweep import SUMMARY_COLUMNS, run_sweep
+
+params = notebook.check_parameters(globals())
+base = notebook.base_config(params)
+configs = studies.model_size(hidden_widths, base, grid_sizes=grid_sizes, depths=depths, with_mlp=with_mlp,
+                             repeats=repeats, world_size=world_size, parallelisms=parallelisms)
+print(f"{len(configs)} runs")
+
+# %%
+result = run_sweep(configs, launcher=launcher, launcher_opts=launcher_opts, timeout_s=timeout_s)
+
+# %%
+summary = pd.DataFrame(result.records)
+summary[[c for c in SUMMARY_COLUMNS if c in summary]]
+
+# %%
+if result.failures:
+    raise RuntimeError(f"{len(result.failures)} of {len(configs)} runs failed: "
+                       + "; ".join(m.splitlines()[0] for _, m in result.failures))

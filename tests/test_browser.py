@@ -1,0 +1,86 @@
+"""The report and an executed analysis notebook's HTML export, opened in headless Chromium with the
+network blocked: every figure renders as SVG, nothing is requested, no console error.
+
+Needs Debian's ``chromium`` and Playwright for Python (``.ci/install-browser.sh``); skipped without them,
+except under CI or KANLIB_REQUIRE_BROWSER=1, where their absence fails the test.
+"""
+
+import os
+import shutil
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_notebooks import executed_analysis, kernel_imports_this_checkout  # noqa: E402,F401
+from test_report import study_dir  # noqa: E402,F401
+
+from kanlib import guidelines, report  # noqa: E402
+from runners import notebook  # noqa: E402
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def browser():
+    required = bool(os.environ.get("CI") or os.environ.get("KANLIB_REQUIRE_BROWSER"))
+    exe = shutil.which("chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    if exe is None or sync_playwright is None:
+        why = "no chromium on PATH" if exe is None else "playwright is not installed"
+        (pytest.fail if required else pytest.skip)(f"{why} (run .ci/install-browser.sh)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def open_offline(browser, path: str) -> dict:
+    """Load ``path`` with every non-file request aborted; what was requested, logged and drawn."""
+    page = browser.new_page(viewport={"width": 1300, "height": 1000})
+    requested, errors = [], []
+
+    def route(r):
+        url = r.request.url
+        if url.startswith(("file:", "data:", "blob:", "about:")):
+            r.continue_()
+        else:
+            requested.append(url)
+            r.abort()
+
+    page.route("**/*", route)
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto("file://" + os.path.abspath(path), wait_until="load")
+    page.wait_for_function("() => window.Plotly !== undefined", timeout=30_000)
+    # each figure draws into a .js-plotly-plot; give every one time to get its SVG
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                           ".every(d => d.querySelector('svg.main-svg'))", timeout=60_000)
+    n_plots = page.locator(".js-plotly-plot").count()
+    n_svg = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                          ".filter(d => d.querySelector('svg.main-svg') && d.querySelector('.trace')).length")
+    n_points = page.evaluate("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .point').length")
+    page.close()
+    return {"requested": requested, "errors": errors, "plots": n_plots, "svg": n_svg, "points": n_points}
+
+
+def test_report_renders_offline_in_chromium(browser, study_dir):  # noqa: F811
+    path = report.build_report(str(study_dir), guidelines=guidelines.from_out_dir(str(study_dir)))
+    seen = open_offline(browser, path)
+    n_figures = sum(len(report.analyze(str(study_dir), s).figures) for s in report.STUDY_TITLES)
+    assert seen["plots"] == n_figures and seen["svg"] == n_figures
+    assert seen["points"] > 20
+    assert seen["requested"] == [] and seen["errors"] == []
+
+
+def test_executed_analysis_notebook_export_renders_offline_in_chromium(browser, tmp_path):
+    done, _ = executed_analysis(tmp_path)
+    page = notebook.export_html(str(done), str(tmp_path / "01_strong_scaling_analysis.html"))
+    seen = open_offline(browser, page)
+    assert seen["plots"] == 2 and seen["svg"] == 2  # the figure and the explorer's static copy
+    assert seen["requested"] == [] and seen["errors"] == []

@@ -1,0 +1,226 @@
+"""The notebooks: reviewable text sources, thin bodies, parameters coerced or refused, generated
+.ipynb, and an executed analysis notebook whose figures carry the plotly mime bundle."""
+
+import ast
+import hashlib
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from runners import notebook
+from runners.notebook import ParameterError, check_parameters
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_results import strong_records, write_records  # noqa: E402
+
+SOURCES = notebook.sources()
+
+
+@pytest.fixture(autouse=True)
+def kernel_imports_this_checkout(monkeypatch):
+    """Kernels started by papermill import this checkout's kanlib and runners, whatever is installed."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (notebook.REPO, os.environ.get("PYTHONPATH")) if p))
+
+
+def code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def test_every_notebook_is_a_canonical_jupytext_source_without_outputs():
+    import jupytext
+    from jupytext.config import load_jupytext_config
+
+    assert [os.path.basename(p) for p in SOURCES] == [
+        "01_strong_scaling.py", "02_weak_scaling.py", "03_communication_overhead.py", "04_model_size_scaling.py",
+        "01_strong_scaling_analysis.py", "02_weak_scaling_analysis.py", "03_communication_overhead_analysis.py",
+        "04_model_size_scaling_analysis.py", "05_guidelines.py"]
+    cfg = load_jupytext_config(SOURCES[0])
+    for path in SOURCES:
+        text = open(path).read()
+        nb = jupytext.read(path)
+        # what JupyterLab's jupytext writes back on save is byte for byte the file: saving does not dirty git
+        assert jupytext.writes(nb, fmt="py:percent", config=cfg) == text, path
+        assert "jupytext_version: " not in text and "outputs" not in text.split("# ---", 2)[1]
+        cells = code_cells(nb)
+        assert cells[0].metadata.get("tags") == ["parameters"], path
+        assert sum("parameters" in c.metadata.get("tags", []) for c in nb.cells) == 1
+        assert "notebook.check_parameters(globals())" in cells[1].source, path  # first call after the parameters
+        for c in cells:  # thin: calls, no definitions
+            tree = ast.parse(c.source)
+            assert not [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Lambda))], path
+        for line in cells[0].source.splitlines():  # typed, commented knobs
+            assert re.match(r"^\w+: [\w\[\], ]+ = .+  # \S", line), (path, line)
+            assert "=" not in line.split("  # ", 1)[1], (path, line)  # papermill cannot parse '=' in a comment
+
+
+def test_no_notebook_is_tracked_as_ipynb_and_generated_ones_are_ignored():
+    tracked = subprocess.run(["git", "ls-files", "notebooks", "tools"], cwd=notebook.REPO, capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert tracked and not [p for p in tracked if p.endswith(".ipynb")]
+    assert "tools/make_notebooks.py" not in tracked
+    ignored = subprocess.run(["git", "check-ignore", "-q", "build/notebooks/01_strong_scaling.ipynb"],
+                             cwd=notebook.REPO)
+    assert ignored.returncode == 0
+
+
+def test_to_ipynb_generates_a_runnable_notebook_once(tmp_path):
+    import nbformat
+    import papermill
+
+    path = notebook.to_ipynb("01_strong_scaling", str(tmp_path))
+    assert path == str(tmp_path / "01_strong_scaling.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    assert nb.metadata.kernelspec.name == "python3" and "jupytext" not in nb.metadata
+    assert all(not c.get("outputs") for c in code_cells(nb))
+    params = papermill.inspect_notebook(path)
+    assert {"placements", "world_sizes", "launcher", "launcher_opts", "out_dir", "global_batches"} <= set(params)
+    assert params["placements"]["inferred_type_name"] == "list[str]"
+    before = os.stat(path).st_mtime_ns
+    notebook.to_ipynb("01_strong_scaling", str(tmp_path))
+    assert os.stat(path).st_mtime_ns == before  # unchanged content is not rewritten
+    with pytest.raises(FileNotFoundError, match="notebook 'nope': no .*nope.py"):
+        notebook.to_ipynb("nope", str(tmp_path))
+
+
+def ns(injected: dict | None = None, **declared):
+    """A notebook namespace: annotated parameters (name=(type, value)) and a papermill-injected cell."""
+    space = {"__annotations__": {k: t for k, (t, _) in declared.items()}, **{k: v for k, (_, v) in declared.items()}}
+    history = ["placements: list[str] = ['1x1']"]
+    if injected is not None:
+        history.append("# Parameters\n" + "".join(f"{k} = {v!r}\n" for k, v in injected.items()))
+        space.update(injected)
+    space["In"] = history + ["notebook.check_parameters(globals())"]
+    return space
+
+
+@pytest.mark.parametrize("given, want", [
+    (2, [2]), ("2,16,1", [2, 16, 1]), ("[1,3]", [1, 3]), ([1, 3.0], [1, 3]), ("", []), ("[]", [])])
+def test_list_parameters_are_coerced(given, want):
+    space = ns({"world_sizes": given}, world_sizes=(list[int], [1, 2]))
+    assert check_parameters(space) == {"world_sizes": want}
+    assert space["world_sizes"] == want
+
+
+def test_scalars_strings_dicts_and_nested_lists_are_coerced():
+    space = ns({"steps": "30", "lr": "1e-3", "with_mlp": "false", "target": 3, "launcher_opts": "{'partition': 'gpu'}",
+                "widths_list": "[[2, 8, 1], [2, 16, 1]]", "placements": "1x1,2x1"},
+               steps=(int, 25), lr=(float, 1.0), with_mlp=(bool, True), target=(str, ""), launcher_opts=(dict, {}),
+               widths_list=(list[list[int]], []), placements=(list[str], ["1x1"]))
+    assert check_parameters(space) == {"steps": 30, "lr": 1e-3, "with_mlp": False, "target": "3",
+                                       "launcher_opts": {"partition": "gpu"},
+                                       "widths_list": [[2, 8, 1], [2, 16, 1]], "placements": ["1x1", "2x1"]}
+
+
+@pytest.mark.parametrize("name, hint, given, message", [
+    ("world_sizes", list[int], "1,a", r"parameter world_sizes: expected an integer, got 'a' \(str\); e\.g\. papermill "
+                                      r"-p world_sizes 2 \(in '1,a'\)"),
+    ("world_sizes", list[int], "[1,", r"parameter world_sizes: expected a list of integers, got '\[1,' \(str\): not a "
+                                      r"list literal"),
+    ("steps", int, 2.5, r"parameter steps: expected an integer, got 2\.5 \(float\)"),
+    ("steps", int, True, r"parameter steps: expected an integer, got True"),
+    ("timeout_s", float, "inf", r"parameter timeout_s: expected a number, got 'inf' \(str\): must be finite"),
+    ("with_mlp", bool, "maybe", r"parameter with_mlp: expected true or false, got 'maybe'"),
+    ("launcher_opts", dict, "partition=gpu", r"parameter launcher_opts: expected a mapping, got 'partition=gpu'"),
+    ("model", str, ["kan"], r"parameter model: expected a string, got \['kan'\] \(list\)"),
+])
+def test_wrong_types_are_refused_naming_the_parameter(name, hint, given, message):
+    with pytest.raises(ParameterError, match="^" + message):
+        check_parameters(ns({name: given}, **{name: (hint, None)}))
+
+
+def test_a_typo_is_an_error_not_a_warning():
+    space = ns({"world_size": 2}, world_sizes=(list[int], [1, 2]), repeats=(int, 1))
+    with pytest.raises(ParameterError, match=r"^parameter 'world_size' \(did you mean 'world_sizes'\?\): not a parameter "
+                                             r"of this notebook; its parameters: world_sizes, repeats$"):
+        check_parameters(space)
+    # without papermill (JupyterLab, nbval) there is no injected cell and nothing to refuse
+    assert check_parameters(ns(None, world_sizes=(list[int], [1, 2]))) == {"world_sizes": [1, 2]}
+
+
+def test_papermill_refuses_a_typo_and_a_bad_type_before_anything_runs(tmp_path):
+    import papermill
+
+    path = notebook.to_ipynb("01_strong_scaling", str(tmp_path))
+    with pytest.raises(papermill.PapermillExecutionError,
+                       match=r"parameter 'world_size' \(did you mean 'world_sizes'\?\): not a parameter"):
+        papermill.execute_notebook(path, str(tmp_path / "out.ipynb"), parameters={"world_size": 2},
+                                   cwd=notebook.NOTEBOOK_DIR, progress_bar=False)
+    with pytest.raises(papermill.PapermillExecutionError, match=r"parameter repeats: expected an integer, got 'two'"):
+        papermill.execute_notebook(path, str(tmp_path / "out.ipynb"), parameters={"repeats": "two"},
+                                   cwd=notebook.NOTEBOOK_DIR, progress_bar=False)
+    assert not os.path.exists(tmp_path / "outputs")  # refused before any run
+
+
+def executed_analysis(tmp_path):
+    """01_strong_scaling_analysis run by papermill on synthetic records; its path and output dir."""
+    import papermill
+
+    out = tmp_path / "out"
+    write_records(out, strong_records({"1x1": 8.0, "1x2": 4.4, "2x1": 5.0}))
+    src = notebook.to_ipynb("01_strong_scaling_analysis", str(tmp_path / "build"))
+    done = tmp_path / "01_strong_scaling_analysis.ipynb"
+    papermill.execute_notebook(src, str(done), parameters={"out_dir": str(out)}, cwd=notebook.NOTEBOOK_DIR,
+                               progress_bar=False)
+    return done, out
+
+
+def test_executed_analysis_notebook_shows_figures_untrusted_and_offline(tmp_path):
+    import nbformat
+
+    digest = {p: hashlib.sha256(open(p, "rb").read()).hexdigest() for p in SOURCES}
+    done, out = executed_analysis(tmp_path)
+    nb = nbformat.read(str(done), as_version=4)
+    outputs = [o for c in code_cells(nb) for o in c.get("outputs", [])]
+    figures = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    # the strong-scaling figure (one work size: no work figure) and the explorer's static copy, each with the
+    # mime bundle JupyterLab renders in an untrusted notebook, and HTML for exports
+    assert len(figures) == 2
+    assert figures[1]["data"]["application/vnd.plotly.v1+json"]["layout"]["title"]["text"].startswith(
+        "strong_scaling: median step_time_s")
+    assert all("text/html" in o["data"] for o in figures)
+    html = "".join(o["data"].get("text/html", "") for o in outputs if "data" in o)
+    assert not re.search(r"<script[^>]+src=", html) and not re.search(r"mathjax[^'\"]*\.js", html, re.I)
+    assert html.count("/**\n* plotly.js v") == 1  # plotly.js embedded once, for the whole notebook
+    assert sorted(os.listdir(out / "figures")) == ["strong_scaling_speedup_efficiency.html"]
+    assert {p: hashlib.sha256(open(p, "rb").read()).hexdigest() for p in SOURCES} == digest  # sources untouched
+    page = notebook.export_html(str(done), str(tmp_path / "export.html"))
+    text = open(page).read()
+    assert not re.search(r"<script[^>]+src=", text) and "require.js" not in text and "cdnjs" not in text
+    assert text.count("Plotly.newPlot") >= 2
+
+
+FAKE_PAPERMILL = '''
+import json, shutil, sys
+args = sys.argv[1:]
+src, dst = args[-2], args[-1]
+shutil.copy(src, dst)
+with open(dst + ".args.json", "w") as f:
+    json.dump(args, f)
+'''
+
+
+def test_make_study_writes_to_an_absolute_out_even_with_spaces(tmp_path):
+    fake = tmp_path / "fake_papermill.py"
+    fake.write_text(FAKE_PAPERMILL)
+    stamp = tmp_path / "stamp"
+    stamp.touch()
+    out = tmp_path / "my study" / "out"
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    run = subprocess.run(["make", "-C", notebook.REPO, "study", f"VENV={venv}", f"STAMP={stamp}",
+                          f"PAPERMILL={sys.executable} {fake}", f"OUT={out}", "PARAMS_SET=gpu_cluster",
+                          "NOTEBOOKS=01_strong_scaling 05_guidelines", "ANALYSES="],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    import json
+
+    args = json.load(open(out / "notebooks" / "01_strong_scaling.ipynb.args.json"))
+    assert args[:2] == ["-p", "out_dir"] and args[2] == str(out)  # absolute, spaces intact, nothing prefixed
+    d = os.path.join("notebooks", "params", "gpu_cluster")
+    assert args[3:7] == ["-f", f"{d}/launch.yaml", "-f", f"{d}/01_strong_scaling.yaml"]
+    assert json.load(open(out / "notebooks" / "05_guidelines.ipynb.args.json"))[3:4] != ["-f"]  # no file of its own
+    assert (out / "notebooks" / "05_guidelines.html").exists()
+    assert f"Report: {out}/report.html" in run.stdout
+    assert not os.path.exists(os.path.join(notebook.REPO, str(out).lstrip("/")))  # nothing under the repo
