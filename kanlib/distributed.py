@@ -140,7 +140,8 @@ def all_gather(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
         return t.detach().cpu().unsqueeze(0)
     dt = t.detach().to(info.device).reshape(-1).contiguous()
     out = torch.empty(info.world_size * dt.numel(), dtype=dt.dtype, device=info.device)
-    dist.all_gather_into_tensor(out, dt)
+    # all_gather_single replaces all_gather_into_tensor (deprecated in torch 2.13); same arguments
+    getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, dt)
     return out.view(info.world_size, *t.shape).cpu()
 
 

@@ -22,7 +22,7 @@
 # two (locally, `2x1` runs two torchruns on this host joined by one rendezvous). Several global batches and
 # widths give several work sizes per process, from latency-bound to compute-bound. The companion notebook
 # `01_strong_scaling_analysis` turns the records into speedup and efficiency figures. Defaults are tiny
-# (CPU, seconds per run); full-size parameters: `-f notebooks/params/gpu_cluster.yaml`.
+# (CPU, seconds per run); full-size parameters for a GPU cluster: `make study PARAMS_SET=gpu_cluster` (notebooks/params/gpu_cluster/).
 
 # %% tags=["parameters"]
 placements: list[str] = ["1x1", "1x2", "2x1"]  # N nodes x P processes per node

@@ -30,6 +30,7 @@ import time
 from kanlib import records
 
 LOG_TAIL_LINES = 200
+DEADLINE_MARK = "kanlib: run deadline"  # the line the supervisor writes into the logs when it ends a run
 POLL_S = 0.05
 
 
@@ -173,16 +174,18 @@ class LogFollower:
                 if self.echo:
                     self.echo.write(self.prefixes[i] + line)
 
-    def attempt_text(self) -> str:
-        """Everything the logs gained during this attempt (for the root-cause search)."""
+    def attempt_text(self, until: str | None = None) -> str:
+        """Everything the logs gained during this attempt (for the root-cause search); with ``until``,
+        each log's text up to that line only."""
         parts = []
         for path, start in zip(self.paths, self.start):
             try:
                 with open(path, "rb") as f:
                     f.seek(start)
-                    parts.append(f.read().decode(errors="replace"))
+                    text = f.read().decode(errors="replace")
             except FileNotFoundError:
-                pass
+                continue
+            parts.append(text.split(until, 1)[0] if until else text)
         return "\n".join(parts)
 
 
@@ -300,7 +303,8 @@ def _attempt(cfg, job: Job, before, timeout_s, echo, retries, kill_grace_s) -> d
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     timed_out = True
-                    _append_log(follow.paths, f"kanlib: run deadline of {timeout_s} s passed; ending the run\n")
+                    _append_log(follow.paths, f"{DEADLINE_MARK} of {timeout_s} s passed; ending the run\n",
+                                every=True)
                     job.cancel(kill_grace_s)
                     code = None  # no exit code of its own: the runner ended it
                     break
@@ -331,6 +335,8 @@ def _attempt(cfg, job: Job, before, timeout_s, echo, retries, kill_grace_s) -> d
             continue
         break
     status, why = job.outcome(code)
+    if timed_out:  # what the ranks print while being ended is a consequence, not the cause
+        text = follow.attempt_text(until=DEADLINE_MARK)
     err = error_line(text)
     if timed_out:
         status, why = "timeout", f"passed its deadline of {timeout_s} s"
@@ -362,9 +368,9 @@ def _fresh(rec, before) -> bool:
     return rec is not None and (before is None or rec.get("run_id") != before.get("run_id"))
 
 
-def _append_log(paths: list[str], text: str) -> None:
-    if paths:
-        with open(paths[0], "a") as f:
+def _append_log(paths: list[str], text: str, every: bool = False) -> None:
+    for path in paths if every else paths[:1]:
+        with open(path, "a") as f:
             f.write(text)
 
 

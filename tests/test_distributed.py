@@ -14,7 +14,7 @@ from kanlib import distributed
 from kanlib.distributed import DistInfo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce_scatter",
+COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast", "reduce_scatter",
                "reduce_scatter_tensor", "all_to_all", "gather", "scatter", "reduce", "send", "recv"}
 # Calls outside kanlib/distributed.py whose tensors are on the device by construction.
 ALLOWED = {
