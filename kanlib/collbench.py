@@ -324,6 +324,8 @@ def _time_allreduces(t, cfg: BenchConfig, info, delay: float, cycles_per_s: floa
     import torch
     import torch.distributed as dist
 
+    from kanlib.hooks import sleep_until
+
     cuda = info.device.type == "cuda"
     out = []
     for i in range(cfg.warmup_iters + cfg.iters):
@@ -345,7 +347,9 @@ def _time_allreduces(t, cfg: BenchConfig, info, delay: float, cycles_per_s: floa
             if info.distributed:
                 dist.all_reduce(t)
             if delay > 0:
-                time.sleep(delay)  # the link's extra time after the real transfer
+                # the link's extra time after the real transfer, waited by polling throughout: this
+                # process has nothing else to do, and a sleeping rank wakes late on a loaded machine
+                sleep_until(time.perf_counter() + delay, spin_s=delay)
             dt = time.perf_counter() - t0
         if i >= cfg.warmup_iters:
             out.append(dt)
