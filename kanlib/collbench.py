@@ -406,7 +406,8 @@ def check_bench_record(rec) -> str | None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             return f"{name} is {v!r}, not a positive integer"
     if rec["world_size"] != rec["nnodes"] * rec["nproc_per_node"]:
-        return f"world_size {rec['world_size']} is not nnodes x nproc_per_node = {rec['nnodes']} x {rec['nproc_per_node']}"
+        return (f"world_size {rec['world_size']} is not nnodes x nproc_per_node = "
+                f"{rec['nnodes']} x {rec['nproc_per_node']}")
     rows = rec.get("rows")
     if not isinstance(rows, list) or not rows:
         return "rows is missing or empty"

@@ -293,7 +293,8 @@ def fit_collbench(bench: pd.DataFrame, min_share: float = 0.05, max_rel_se: floa
         multi = g[g["nnodes"] > 1]
         emus = sorted(set(zip(multi["emulate_latency_s"], multi["emulate_bandwidth_bytes_per_s"]))) or [(0.0, 0.0)]
         for lat, bw in emus:
-            part = g[(g["nnodes"] == 1) | ((g["emulate_latency_s"] == lat) & (g["emulate_bandwidth_bytes_per_s"] == bw))]
+            same_link = (g["emulate_latency_s"] == lat) & (g["emulate_bandwidth_bytes_per_s"] == bw)
+            part = g[(g["nnodes"] == 1) | same_link]
             key = (backend, device, algo, float(lat), float(bw))
             fits[key] = _fit_group(key, part, min_share, max_rel_se)
     return fits
@@ -660,7 +661,8 @@ class ComputeProfile:
     source: str = ""
 
     def step_s(self, n_params, local_batch):
-        return self.fixed_s + self.seconds_per_sample_param * np.asarray(n_params, float) * np.asarray(local_batch, float)
+        work = np.asarray(n_params, float) * np.asarray(local_batch, float)  # sample-parameters per step
+        return self.fixed_s + self.seconds_per_sample_param * work
 
 
 def profile_from_records(records: pd.DataFrame, model: str = "kan") -> ComputeProfile:
@@ -719,7 +721,8 @@ def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, worl
         else:
             ov = {"transfer_s": 0.0, "exposed_s": 0.0}
         rows.append({"world_size": w, "nnodes": nn, "nproc_per_node": pp, "local_batch": lb, "compute_s": compute,
-                     "comm_s": ov["transfer_s"], "exposed_s": ov["exposed_s"], "step_time_s": compute + ov["exposed_s"]})
+                     "comm_s": ov["transfer_s"], "exposed_s": ov["exposed_s"],
+                     "step_time_s": compute + ov["exposed_s"]})
     out = pd.DataFrame(rows)
     t1 = float(profile.step_s(n_params, global_batch if global_batch is not None else local_batch))
     if global_batch is not None:

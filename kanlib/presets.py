@@ -151,9 +151,10 @@ def published_comparison(profile: ComputeProfile | None = None, model: LinkModel
         {"quantity": "communication overhead (exposed / step)", "predicted": base["overhead_fraction"],
          "published": f"{PUBLISHED['overhead_fraction_min']:.1%}-{PUBLISHED['overhead_fraction_max']:.1%}"},
     ])
+    c = profile.seconds_per_sample_param
     variants = {
-        "compute x0.5 (faster GPU kernels)": (replace(profile, seconds_per_sample_param=profile.seconds_per_sample_param / 2), model, True),
-        "compute x2 (slower kernels)": (replace(profile, seconds_per_sample_param=profile.seconds_per_sample_param * 2), model, True),
+        "compute x0.5 (faster GPU kernels)": (replace(profile, seconds_per_sample_param=c / 2), model, True),
+        "compute x2 (slower kernels)": (replace(profile, seconds_per_sample_param=c * 2), model, True),
         "inter-node latency x10": (profile, _scaled(model, "inter", alpha=10.0), True),
         "inter-node latency x0.1": (profile, _scaled(model, "inter", alpha=0.1), True),
         "inter-node bandwidth x0.5": (profile, _scaled(model, "inter", beta=2.0), True),
@@ -169,7 +170,8 @@ def published_comparison(profile: ComputeProfile | None = None, model: LinkModel
                         "delta_efficiency": r["efficiency"] - base["efficiency"],
                         "overhead_fraction": r["overhead_fraction"]})
     drivers = pd.DataFrame(drivers)
-    drivers = drivers.reindex(drivers["delta_efficiency"].abs().sort_values(ascending=False).index).reset_index(drop=True)
+    order = drivers["delta_efficiency"].abs().sort_values(ascending=False).index
+    drivers = drivers.reindex(order).reset_index(drop=True)
     implied = _implied_fixed_s(profile, model, pb, global_batch, bucket_cap_mb, PUBLISHED["efficiency"])
     comm_loss = 1 - base["efficiency"]  # compute scales perfectly in the model unless fixed_s > 0
     published_loss = 1 - PUBLISHED["efficiency"]
@@ -186,7 +188,8 @@ def published_comparison(profile: ComputeProfile | None = None, model: LinkModel
         text += (f"With these links a per-step time of {implied * 1e3:.3g} ms that does not shrink with N would make "
                  f"the model reproduce 74.7%. ")
     elif comm_loss > published_loss:
-        text += "Communication alone already costs more than the published loss here: the links or compute assumed are slower than the published cluster's. "
+        text += ("Communication alone already costs more than the published loss here: the links or compute "
+                 "assumed are slower than the published cluster's. ")
     text += f"Largest effects: {drivers['assumption'].iloc[0]} ({drivers['delta_efficiency'].iloc[0]:+.1%}), " \
             f"{drivers['assumption'].iloc[1]} ({drivers['delta_efficiency'].iloc[1]:+.1%})."
     basis = {"widths": list(widths), "grid_size": grid_size, "spline_order": spline_order,

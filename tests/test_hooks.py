@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import os
-import threading
 import time
 
 import pytest
