@@ -263,18 +263,23 @@ def _fit_weighted(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return nnls(x * w[:, None], y * w)
 
 
-def fit_collbench(bench: pd.DataFrame, min_share: float = 0.05, max_rel_se: float = 0.5) -> dict[tuple, CollFit]:
+def fit_collbench(bench: pd.DataFrame, min_share: float = 0.05, max_rel_se: float = 0.5,
+                  time_col: str = "time_s") -> dict[tuple, CollFit]:
     """Fit latency and bandwidth of every link on collbench rows (kanlib.collbench.load_bench).
 
     One fit per ``(backend, device, algorithm, emulate_latency_s, emulate_bandwidth_bytes_per_s)``;
     single-node points (which no emulation touches) join every fit of their backend, device and
-    algorithm. Returns ``{key: CollFit}``; see the module docstring for when a constant is None.
+    algorithm. ``time_col``: the per-size time fitted - ``time_s`` (the median over iterations) or
+    ``time_s_p10`` (the lower decile: the iterations least disturbed by other processes, for a
+    machine shared with other work). Returns ``{key: CollFit}``; see the module docstring for when a
+    constant is None.
     """
-    need = ("backend", "nnodes", "nproc_per_node", "size_bytes", "time_s")
+    need = ("backend", "nnodes", "nproc_per_node", "size_bytes", time_col)
     missing = [c for c in need if c not in bench]
     if missing:
         raise ValueError(f"the link fit needs the collbench columns {missing} (kanlib.collbench.load_bench)")
     d = bench[bench["nnodes"] * bench["nproc_per_node"] > 1].copy()
+    d["time_s"] = d[time_col]
     if d.empty:
         raise ValueError("the link fit needs collbench runs with more than one process; got none")
     d["device"] = d["device"] if "device" in d else "cpu"

@@ -324,7 +324,10 @@ def test_calibration_recovers_an_injected_5ms_link_and_predicts_its_exposure(tmp
     launch_bench(small(tmp_path, nnodes=2, nproc_per_node=1, emulate_latency_s=0.005,
                        emulate_bandwidth_bytes_per_s=1e8))
     bench = collbench.load_bench(str(tmp_path))
-    fits = cm.fit_collbench(bench)
+    # The lower decile of each size's iterations: this 2-core machine is shared with other sessions'
+    # tests, and under a load of 2.4 the median-based fit read the 5 ms link as 6.6-6.9 ms while the
+    # lower decile read 5.4-5.6 ms (same runs); at a load of 3.1-3.4 both were within 12%.
+    fits = cm.fit_collbench(bench, time_col="time_s_p10")
     table = cm.fit_table(fits).set_index(["emulate_latency_s", "emulate_bandwidth_bytes_per_s", "link"])
     # the emulated link's fitted latency as it is (real + injected) ...
     assert table.loc[(0.005, 0.0, "inter+emulated"), "alpha_s"] == pytest.approx(0.005, rel=0.2)
@@ -346,7 +349,7 @@ def test_calibration_recovers_an_injected_5ms_link_and_predicts_its_exposure(tmp
         timeout_s=300)
     run(_cfg(tmp_path, comm_hook="noop", **kw), launcher="multinode", echo=False, timeout_s=300)
     records = results.load_records(str(tmp_path / "ddp"))
-    parity = cm.validate_ddp(records, fits)
+    parity = cm.validate_ddp(records, cm.fit_collbench(bench))  # DDP's medians against the benchmark's
     assert len(parity) == 1 and parity["why"].isna().all()
     row = parity.iloc[0]
     assert row["pred_exposed_s"] == pytest.approx(row["exposed_s"], rel=0.3), row.to_dict()
