@@ -1,54 +1,356 @@
-"""The alpha-beta all-reduce model: formulas, fit, extrapolation."""
+"""The performance model: formulas with links, the non-negative fit and what it refuses to report, DDP's
+bucketing against real DDP, overlap, validation on DDP records, extrapolation, presets, and the
+known-signal calibration (an emulated 5 ms link recovered from real collbench runs)."""
+
+from __future__ import annotations
+
+import itertools
+import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from kanlib import commmodel
+from kanlib import commmodel as cm
+from kanlib import presets
 
 
-def test_ring_and_tree_formulas():
-    # ring, 4 ranks, 1 bucket of 1e6 bytes: 6 alpha + 1.5e6 beta
-    assert commmodel.allreduce_time(4, 1e6, 1e-5, 1e-9) == pytest.approx(6e-5 + 1.5e-3)
-    # tree, 8 ranks: 2*3 alpha + 2e6 beta
-    assert commmodel.allreduce_time(8, 1e6, 1e-5, 1e-9, "tree") == pytest.approx(6e-5 + 2e-3)
-    assert commmodel.allreduce_time(1, 1e6, 1e-5, 1e-9) == 0
+# -- formulas ----------------------------------------------------------------------------------------
+def test_terms_use_the_inter_node_link_across_nodes():
+    assert cm.allreduce_terms("ring", 1, 1) == {}
+    assert cm.allreduce_terms("ring", 1, 4) == {"intra": (6.0, 1.5)}  # 2(W-1), 2(W-1)/W
+    assert cm.allreduce_terms("ring", 2, 1) == {"inter": (2.0, 1.0)}
+    assert cm.allreduce_terms("ring", 4, 2) == {"inter": (14.0, 14 / 8)}  # the ring waits for its slowest hop
+    assert cm.allreduce_terms("auto", 4, 2) == cm.allreduce_terms("ring", 4, 2)
+    assert cm.allreduce_terms("tree", 1, 4) == {"intra": (6.0, 2.0)}  # a chain inside the node
+    assert cm.allreduce_terms("tree", 8, 4) == {"inter": (6.0, 2.0), "intra": (6.0, 0.0)}  # 2 log2(8), 2(P-1)
     with pytest.raises(ValueError, match="^algo: unknown value 'mesh'"):
-        commmodel.allreduce_time(2, 1, 1, 1, "mesh")
+        cm.allreduce_terms("mesh", 2, 2)
+    with pytest.raises(ValueError, match="^placement: need nnodes >= 1"):
+        cm.allreduce_terms("ring", 0, 2)
 
 
-def synthetic(alpha, beta, noise=0.0, seed=0):
+def _two_links(alpha_intra=30e-6, bw_intra=1e9, alpha_inter=5e-3, bw_inter=1e8, algo="ring"):
+    return cm.LinkModel(algo, {"intra": cm.Link.given("intra", alpha_intra, bw_intra),
+                               "inter": cm.Link.given("inter", alpha_inter, bw_inter)})
+
+
+def test_link_model_time_and_missing_link():
+    m = _two_links()
+    assert float(m.time_s(1e6, 1, 2)) == pytest.approx(2 * 30e-6 + 1e6 / 1e9)
+    assert float(m.time_s(1e6, 2, 1)) == pytest.approx(2 * 5e-3 + 1e6 / 1e8)
+    assert float(m.time_s(1e6, 1, 1)) == 0.0
+    only_intra = cm.LinkModel("ring", {"intra": cm.Link.given("intra", 1e-5, 1e9)}, label="gloo/cpu/ring")
+    with pytest.raises(ValueError, match="^link: this gloo/cpu/ring model has no 'inter' link"):
+        only_intra.time_s(1e6, 2, 1)
+
+
+def test_legacy_single_link_formulas_and_fit():
+    assert cm.allreduce_time(4, 1e6, 1e-5, 1e-9) == pytest.approx(6e-5 + 1.5e-3)
+    assert cm.allreduce_time(8, 1e6, 1e-5, 1e-9, "tree") == pytest.approx(6e-5 + 2e-3)
+    rows = [{"world_size": n, "n_buckets": b, "n_params": p, "comm_hook": "timed",
+             "comm_total_s": cm.allreduce_time(n, p * 4, 2e-5, 4e-10, n_buckets=b)}
+            for n in (2, 4, 8) for b in (1, 4, 16) for p in (1e4, 1e6)]
+    m = cm.fit(pd.DataFrame(rows))
+    assert m.alpha == pytest.approx(2e-5, rel=1e-6) and m.beta == pytest.approx(4e-10, rel=1e-6)
+    p0 = cm.extrapolate(m, 1.0, 10_000_000, cm.powers_of_two(4096))
+    assert p0["efficiency"].iloc[0] == pytest.approx(1.0) and (np.diff(p0["efficiency"]) < 0).all()
+    n80 = cm.largest_world_size_at(p0, 0.8)
+    eff = p0.set_index("world_size")["efficiency"]
+    assert eff[n80] >= 0.8 > eff[2 * n80]
+
+
+# -- the fit -------------------------------------------------------------------------------------------
+def test_nnls_matches_an_exhaustive_search():
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        a = rng.standard_normal((12, 4)) * 10.0 ** rng.integers(-6, 6, size=4)  # wildly scaled columns
+        b = rng.standard_normal(12)
+        best, best_err = np.zeros(4), float(b @ b)
+        for k in range(1, 5):
+            for cols in itertools.combinations(range(4), k):
+                c = np.zeros(4)
+                c[list(cols)] = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
+                err = float(np.sum((a @ c - b) ** 2))
+                if (c >= 0).all() and err < best_err:
+                    best, best_err = c, err
+        x = cm.nnls(a, b)
+        assert (x >= 0).all()
+        assert float(np.sum((a @ x - b) ** 2)) == pytest.approx(best_err, rel=1e-7, abs=1e-12)
+
+
+def _bench(model: cm.LinkModel, placements, sizes, noise=0.0, seed=0, **extra):
     rng = np.random.default_rng(seed)
     rows = []
-    for n in (2, 4, 8):
-        for buckets in (1, 4, 16):
-            for params in (1e4, 1e6):
-                t = commmodel.allreduce_time(n, params * 4, alpha, beta, n_buckets=buckets)
-                rows.append({"world_size": n, "n_buckets": buckets, "n_params": params, "comm_hook": "timed",
-                             "comm_total_s": t * (1 + noise * rng.standard_normal())})
-    rows.append({"world_size": 2, "n_buckets": None, "n_params": 1e4, "comm_hook": "noop", "comm_total_s": None})
+    for n, p in placements:
+        for s in sizes:
+            t = float(model.time_s(s, n, p)) * (1 + noise * rng.standard_normal())
+            rows.append({"backend": "gloo", "device": "cpu", "nnodes": n, "nproc_per_node": p, "size_bytes": s,
+                         "time_s": t, **extra})
     return pd.DataFrame(rows)
 
 
-def test_fit_recovers_alpha_and_beta():
-    m = commmodel.fit(synthetic(2e-5, 4e-10))
-    assert m.alpha == pytest.approx(2e-5, rel=1e-6) and m.beta == pytest.approx(4e-10, rel=1e-6)
-    assert m.n_points == 18 and m.rel_rmse < 1e-9
-    noisy = commmodel.fit(synthetic(2e-5, 4e-10, noise=0.05))
-    assert noisy.alpha == pytest.approx(2e-5, rel=0.2) and noisy.beta == pytest.approx(4e-10, rel=0.2)
-    with pytest.raises(ValueError, match="at least 2 timed multi-process runs"):
-        commmodel.fit(synthetic(1e-5, 1e-9).iloc[-1:])
+SIZES = [8 * 4 ** k for k in range(12)]  # 8 B .. 32 MiB
 
 
-def test_extrapolation_efficiency_falls_and_overlap_helps():
-    m = commmodel.CommModel(alpha=1e-5, beta=1e-9)
-    n = commmodel.powers_of_two(4096)
-    assert n[0] == 1 and n[-1] == 4096
-    p0 = commmodel.extrapolate(m, compute_1_s=1.0, n_params=10_000_000, world_sizes=n)
-    p1 = commmodel.extrapolate(m, compute_1_s=1.0, n_params=10_000_000, world_sizes=n, overlap_fraction=0.8)
-    assert p0["efficiency"].iloc[0] == pytest.approx(1.0)
-    assert (np.diff(p0["efficiency"]) < 0).all()
-    assert (p1["efficiency"].iloc[1:] > p0["efficiency"].iloc[1:]).all()
-    n80 = commmodel.largest_world_size_at(p0, 0.8)
-    assert p0.set_index("world_size").loc[n80, "efficiency"] >= 0.8
-    assert p0.set_index("world_size").loc[n80 * 2, "efficiency"] < 0.8
+def test_fit_recovers_both_links_with_leave_one_out_errors():
+    truth = _two_links()
+    fits = cm.fit_collbench(_bench(truth, [(1, 2), (1, 4), (2, 1), (2, 2)], SIZES, noise=0.03))
+    (key, f), = fits.items()
+    assert key == ("gloo", "cpu", "ring", 0.0, 0.0)
+    intra, inter = f.model.links["intra"], f.model.links["inter"]
+    assert intra.alpha_s == pytest.approx(30e-6, rel=0.1) and intra.bandwidth_bytes_per_s == pytest.approx(1e9, rel=0.1)
+    assert inter.alpha_s == pytest.approx(5e-3, rel=0.1) and inter.bandwidth_bytes_per_s == pytest.approx(1e8, rel=0.1)
+    assert len(f.points) == 4 * len(SIZES) and f.points["loo_rel_err"].notna().all()
+    assert f.loo_rel_rmse >= f.rel_rmse > 0  # a point left out is predicted worse than one fitted
+    table = cm.fit_table(fits)
+    assert set(table["link"]) == {"intra", "inter"} and table["alpha_why"].isna().all()
+
+
+def test_unresolvable_constants_are_none_with_a_reason_never_zero():
+    truth = _two_links()
+    latency_bound = cm.fit_collbench(_bench(truth, [(1, 2), (2, 1)], [8, 16, 32, 64]))
+    (f,) = latency_bound.values()
+    for link in f.model.links.values():
+        assert link.alpha_s is not None and link.bandwidth_bytes_per_s is None
+        assert "do not resolve" in link.bandwidth_why or "bound 0" in link.bandwidth_why
+    one_node = cm.fit_collbench(_bench(truth, [(1, 2)], SIZES))
+    (f,) = one_node.values()
+    assert set(f.model.links) == {"intra"}  # no multi-node point: no inter-node link at all
+    # a bandwidth the data contradict (time falling with size) hits its bound: None, not 0
+    rows = _bench(truth, [(1, 2)], SIZES)
+    rows["time_s"] = 1e-3 * (1 + 1 / np.log2(rows["size_bytes"].to_numpy(float)))
+    (f,) = cm.fit_collbench(rows).values()
+    assert f.model.links["intra"].bandwidth_bytes_per_s is None
+    assert "bound 0" in f.model.links["intra"].bandwidth_why
+
+
+def test_tree_fit_separates_intra_and_inter_latency():
+    truth = _two_links(algo="tree", alpha_intra=10e-6, alpha_inter=1e-3)
+    bench = _bench(truth, [(1, 2), (1, 4), (2, 1), (2, 4), (4, 4)], SIZES, nccl_algo_used="TREE")
+    bench["backend"] = "nccl"
+    (key, f), = cm.fit_collbench(bench).items()
+    assert key[2] == "tree"
+    assert f.model.links["intra"].alpha_s == pytest.approx(10e-6, rel=1e-6)
+    assert f.model.links["inter"].alpha_s == pytest.approx(1e-3, rel=1e-6)
+
+
+def test_emulated_runs_get_their_own_inter_link_and_share_the_intra_points():
+    truth = _two_links()
+    slow = _two_links(alpha_inter=5e-3 + 5e-3)
+    bench = pd.concat([_bench(truth, [(1, 2), (2, 1)], SIZES),
+                       _bench(slow, [(2, 1)], SIZES, emulate_latency_s=0.005, emulate_bandwidth_bytes_per_s=0.0)])
+    fits = cm.fit_collbench(bench)
+    assert set(fits) == {("gloo", "cpu", "ring", 0.0, 0.0), ("gloo", "cpu", "ring", 0.005, 0.0)}
+    emu = fits[("gloo", "cpu", "ring", 0.005, 0.0)].model
+    assert set(emu.links) == {"intra", "inter+emulated"}
+    assert emu.links["inter+emulated"].alpha_s == pytest.approx(0.01, rel=1e-6)
+    assert cm.find_fit(fits, "gloo", "cpu", "ring", 2, 0.005, 0.0).model is emu
+    assert cm.find_fit(fits, "gloo", "cpu", "ring", 2, 0.0, 0.0).model.links["inter"].alpha_s == pytest.approx(5e-3)
+    assert cm.find_fit(fits, "gloo", "cpu", "ring", 2, 0.001, 0.0) is None
+
+
+# -- DDP ----------------------------------------------------------------------------------------------
+def test_kan_param_bytes_are_the_models_parameters():
+    from kanlib.model import KAN, MLP
+
+    for widths, g, k in (((2, 16, 1), 5, 3), ((64, 256, 256, 1), 10, 2)):
+        assert cm.kan_param_bytes(widths, g, k) == [p.numel() * 4 for p in KAN(widths, g, k).parameters()]
+    assert cm.kan_param_bytes((3, 5, 1), model="mlp") == [p.numel() * 4 for p in MLP((3, 5, 1)).parameters()]
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("cap,first", [(0.05, None), (0.2, None), (25.0, None), (None, 1.0)])
+def test_ddp_buckets_are_what_torchs_ddp_launches(one_rank_group, cap, first):
+    """Bucket sizes in launch order (read by the timed hook) after DDP's rebuild, for an explicit cap
+    and for torch's default (bucket_cap_mb unset: 25 MiB with a 1 MiB first bucket)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from kanlib import hooks
+    from kanlib.model import KAN
+
+    torch.manual_seed(0)
+    model = KAN([8, 64, 512, 4], grid_size=5, spline_order=3, impl="fast")
+    ddp = DDP(model, **({} if cap is None else {"bucket_cap_mb": cap}))
+    stats = hooks.CommStats(torch.device("cpu"))
+    ddp.register_comm_hook(stats, hooks.timed_allreduce_hook)
+    for _ in range(3):  # DDP rebuilds its buckets after the first iteration
+        ddp(torch.rand(16, 8) * 2 - 1).sum().backward()
+        stats.end_step()
+    predicted = cm.ddp_buckets(cm.kan_param_bytes([8, 64, 512, 4]), 25.0 if cap is None else cap, first)
+    assert stats.bucket_bytes == predicted
+    assert (len(predicted) > 1) == (cap in (0.05, 0.2, None))
+
+
+def test_overlap_starts_each_bucket_when_ready_and_the_previous_is_done():
+    # 3 equal buckets ready at 1, 2, 3 s of a 3 s backward; 1.5 s each: ends 2.5, 4.0, 5.5
+    ov = cm.overlap([1, 1, 1], 3.0, [1.5, 1.5, 1.5])
+    assert ov["end_s"] == pytest.approx(5.5) and ov["exposed_s"] == pytest.approx(2.5)
+    assert ov["transfer_s"] == pytest.approx(4.5) and ov["in_flight_s"] == pytest.approx(4.5)
+    fast = cm.overlap([1, 1, 1], 3.0, [0.1, 0.1, 0.1])  # hidden but for the last bucket's
+    assert fast["exposed_s"] == pytest.approx(0.1) and fast["in_flight_s"] == pytest.approx(0.3)
+    assert cm.overlap([], 1.0, [])["exposed_s"] == 0.0
+    with pytest.raises(ValueError, match="^transfer_s: one per bucket"):
+        cm.overlap([1, 2], 1.0, [1.0])
+
+
+def _ddp_records(model: cm.LinkModel, backward_s=0.004, compute_s=0.006):
+    """Timed runs with no-op twins whose numbers follow ``model`` exactly."""
+    recs = []
+    for nn, pp in ((1, 2), (2, 1)):
+        buckets = [400_000, 800_000, 800_000]
+        t = model.time_s(np.asarray(buckets, float), nn, pp)
+        ov = cm.overlap(buckets, backward_s, t)
+        common = dict(study="communication", model="kan", widths=[2, 8, 1], global_batch=64, bucket_cap_mb=0.5,
+                      nccl_algo="", backend="gloo", device="cpu", nnodes=nn, nproc_per_node=pp, world_size=nn * pp,
+                      n_params=500_000, grid_size=3, spline_order=3)
+        recs.append({**common, "comm_hook": "noop", "step_time_s": compute_s, "backward_s": backward_s,
+                     "comm_total_s": None, "bucket_bytes": None, "run_key": f"noop{nn}"})
+        recs.append({**common, "comm_hook": "timed", "step_time_s": compute_s + ov["exposed_s"],
+                     "backward_s": backward_s + ov["exposed_s"], "comm_total_s": ov["transfer_s"] + 0.001,
+                     "bucket_bytes": buckets, "n_buckets": 3, "run_key": f"timed{nn}", "emulated_s": None})
+    return pd.DataFrame(recs)
+
+
+def test_validation_and_transfer_waiting_on_ddp_records():
+    truth = _two_links()
+    fits = cm.fit_collbench(_bench(truth, [(1, 2), (2, 1)], SIZES))
+    records = _ddp_records(truth)
+    parity = cm.validate_ddp(records, fits)
+    assert sorted(parity["placement"]) == ["1x2", "2x1"]
+    assert parity["step_rel_err"].abs().max() < 1e-6 and parity["exposed_rel_err"].abs().max() < 1e-6
+    assert parity["why"].isna().all()
+    tw = cm.transfer_waiting(records, fits)
+    assert tw["waiting_s"].to_numpy() == pytest.approx([0.001, 0.001])  # what the records added beyond transfer
+    by = cm.transfer_waiting_by_placement(tw)
+    assert list(by["placement"]) == ["1x2", "2x1"] and (by["waiting_fraction"] > 0).all()
+    # without a fit for the inter-node link the 2x1 row says why instead of predicting
+    intra_only = cm.fit_collbench(_bench(truth, [(1, 2)], SIZES))
+    parity = cm.validate_ddp(records, intra_only).set_index("placement")
+    assert math.isnan(parity.loc["2x1", "pred_exposed_s"]) and "no 'inter' link" in parity.loc["2x1", "why"]
+
+
+# -- extrapolation and presets -------------------------------------------------------------------------
+def test_scaling_prediction_efficiency_and_overlap():
+    m = presets.PRESETS["a100-hdr"].link_model("ring")
+    prof = cm.ComputeProfile(1e-12, 0.0, 2 / 3, "test")
+    pb = cm.kan_param_bytes([64, 256, 256, 1])
+    strong = cm.predict_scaling(m, prof, pb, cm.powers_of_two(64), 8, global_batch=65536)
+    assert strong["efficiency"].iloc[0] == pytest.approx(1.0) and (np.diff(strong["efficiency"]) < 0).all()
+    assert list(strong.loc[strong["world_size"] == 16, ["nnodes", "nproc_per_node"]].iloc[0]) == [2, 8]
+    no_overlap = cm.predict_scaling(m, prof, pb, [1, 64], 8, global_batch=65536, bucket_cap_mb=0.25,
+                                    overlap_backward=False)
+    overlapped = cm.predict_scaling(m, prof, pb, [1, 64], 8, global_batch=65536, bucket_cap_mb=0.25)
+    assert overlapped["exposed_s"].iloc[1] < no_overlap["exposed_s"].iloc[1]  # small buckets hide behind backward
+    weak = cm.predict_scaling(m, prof, pb, [1, 8, 64], 8, local_batch=4096)
+    assert weak["efficiency"].iloc[0] == pytest.approx(1.0) and weak["local_batch"].tolist() == [4096] * 3
+    with pytest.raises(ValueError, match="exactly one of global_batch"):
+        cm.predict_scaling(m, prof, pb, [1], 8)
+
+
+def test_ring_tree_crossover_and_sizes_above():
+    p = presets.PRESETS["h100-ndr"]
+    ring, tree = p.link_model("ring"), p.link_model("tree")
+    cross = cm.ring_tree_crossover(ring, tree, [1024, 25 * 2 ** 20])
+    small = cross.iloc[0]
+    assert small["crossover_world_size"] is not None
+    assert small["tree_s_at_crossover"] < small["ring_s_at_crossover"]  # latency-bound: tree wins past it
+    table = cm.extrapolation_table({"ring": ring, "tree": tree}, {"s": {"widths": [64, 256, 256, 1]},
+                                                                  "l": {"widths": [1024, 4096, 4096, 1]}},
+                                   p.compute_profile(), bucket_caps_mb=(1.0, 25.0), global_batch=None,
+                                   local_batch=16384, max_world_size=4096)
+    assert len(table) == 2 * 2 * 2 * 13
+    above = cm.sizes_above(table, 0.8, 1024)
+    assert len(above) == 8 and above["above"].dtype == bool
+    # at 1024 GPUs the larger model keeps the higher efficiency (more compute per byte communicated)
+    by = above.set_index(["kan", "algo", "bucket_cap_mb"])["efficiency"]
+    assert by[("l", "tree", 25.0)] > by[("s", "tree", 25.0)]
+
+
+def test_presets_are_marked_and_sourced():
+    for name, p in presets.PRESETS.items():
+        assert p.kind == "preset" and "not a measurement" in p.note
+        assert {"intra", "inter", "compute", "latency"} <= set(p.sources)
+        m = p.link_model("ring")
+        assert m.links["inter"].bandwidth_bytes_per_s == p.inter_bandwidth_bytes_per_s and "preset" in m.label
+        assert m.links["intra"].bandwidth_bytes_per_s > m.links["inter"].bandwidth_bytes_per_s
+    assert presets.PRESETS["a100-hdr"].inter_bandwidth_bytes_per_s == 200e9 / 8  # HDR: 200 Gb/s
+    assert presets.PRESETS["h100-ndr"].inter_bandwidth_bytes_per_s == 400e9 / 8  # NDR: 400 Gb/s
+    with pytest.raises(ValueError, match="^preset: unknown value 'tpu'"):
+        presets.preset("tpu")
+
+
+def test_published_comparison_sets_prediction_beside_the_published_numbers():
+    r = presets.published_comparison()
+    t = r["table"].set_index("quantity")
+    assert t.loc["speedup at 8 GPUs (4x2)", "published"] == 5.97 and t.loc["efficiency", "published"] == 0.747
+    assert 0 < t.loc["efficiency", "predicted"] <= 1
+    d = r["drivers"]
+    assert (d["delta_efficiency"].abs().diff().dropna() <= 1e-12).all()  # largest effect first
+    assert "fixed 1 ms per step (serial part)" in set(d["assumption"])
+    assert r["basis"]["preset"] == "a100-hdr (compute, links)" and "5.97x" in r["text"]
+    # the implied serial time reproduces the published efficiency
+    prof = presets.PRESETS["a100-hdr"].compute_profile(fixed_s=r["implied_fixed_s"])
+    again = presets.published_comparison(profile=prof)["table"].set_index("quantity")
+    assert again.loc["efficiency", "predicted"] == pytest.approx(0.747, abs=1e-6)
+
+
+# -- the known signal ------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_calibration_recovers_an_injected_5ms_link_and_predicts_its_exposure(tmp_path):
+    """collbench 1x2, 2x1, and 2x1 with emulate_latency_s=0.005 (and once with 100 MB/s too): the fitted
+    inter-node latency (and bandwidth) is within 20% of what was injected; a 2x1 DDP run on the same
+    emulated link exposes what the model predicts from its buckets (within 30%)."""
+    from runners.launch import run
+    from test_collbench import launch_bench, small
+    from test_hooks import _cfg
+
+    from kanlib import collbench, results
+
+    launch_bench(small(tmp_path))  # 1x2: the intra-node link, no emulation
+    launch_bench(small(tmp_path, nnodes=2, nproc_per_node=1))  # the real link under the emulated one
+    launch_bench(small(tmp_path, nnodes=2, nproc_per_node=1, emulate_latency_s=0.005))
+    launch_bench(small(tmp_path, nnodes=2, nproc_per_node=1, emulate_latency_s=0.005,
+                       emulate_bandwidth_bytes_per_s=1e8))
+    bench = collbench.load_bench(str(tmp_path))
+    # The lower decile of each size's iterations: this 2-core machine is shared with other sessions'
+    # tests, and under a load of 2.4 the median-based fit read the 5 ms link as 6.6-6.9 ms while the
+    # lower decile read 5.4-5.6 ms (same runs); at a load of 3.1-3.4 both were within 12%.
+    fits = cm.fit_collbench(bench, time_col="time_s_p10")
+    table = cm.fit_table(fits).set_index(["emulate_latency_s", "emulate_bandwidth_bytes_per_s", "link"])
+    # the emulated link's fitted latency as it is (real + injected) ...
+    assert table.loc[(0.005, 0.0, "inter+emulated"), "alpha_s"] == pytest.approx(0.005, rel=0.2)
+    assert table.loc[(0.005, 1e8, "inter+emulated"), "alpha_s"] == pytest.approx(0.005, rel=0.2)
+    # ... and what the emulation added over the real 2x1 link: latency and bandwidth within 20%
+    rec = cm.recovered_links(fits).set_index("emulate_bandwidth_bytes_per_s")
+    assert rec["why"].isna().all()
+    assert rec.loc[0.0, "recovered_latency_s"] == pytest.approx(0.005, rel=0.2)
+    assert pd.isna(rec.loc[0.0, "recovered_bandwidth_bytes_per_s"])  # none injected, none resolved
+    assert rec.loc[1e8, "recovered_latency_s"] == pytest.approx(0.005, rel=0.2)
+    assert rec.loc[1e8, "recovered_bandwidth_bytes_per_s"] == pytest.approx(1e8, rel=0.2)
+    # every measured point has its leave-one-out error (the 1x2 points without emulation included)
+    points = cm.fit_points(fits)
+    assert points["loo_rel_err"].notna().all() and (points["placement"] == "1x2").any()
+
+    # DDP on the same emulated link: the exposed communication the model predicts
+    kw = dict(steps=20, nnodes=2, nproc_per_node=1, out_dir=str(tmp_path / "ddp"), study="communication")
+    run(_cfg(tmp_path, comm_hook="timed", emulate_latency_s=0.005, **kw), launcher="multinode", echo=False,
+        timeout_s=300)
+    run(_cfg(tmp_path, comm_hook="noop", **kw), launcher="multinode", echo=False, timeout_s=300)
+    records = results.load_records(str(tmp_path / "ddp"))
+    parity = cm.validate_ddp(records, cm.fit_collbench(bench))  # DDP's medians against the benchmark's
+    assert len(parity) == 1 and parity["why"].isna().all()
+    row = parity.iloc[0]
+    assert row["pred_exposed_s"] == pytest.approx(row["exposed_s"], rel=0.3), row.to_dict()
+    assert row["pred_step_time_s"] == pytest.approx(row["step_time_s"], rel=0.3)
