@@ -47,7 +47,7 @@ import warnings
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from kanlib.config import NCCL_ALGOS, NCCL_PROTOS, Backend, Config, ConfigError, Device
+from kanlib.config import NCCL_ALGOS, NCCL_PROTOS, Backend, Config, ConfigError, Device, parse_placement
 
 RECORD_KIND = "collbench"
 DType = Literal["float32", "bfloat16", "float16"]
@@ -149,14 +149,6 @@ class BenchConfig(Config):
             s *= self.size_factor
         out.append(self.max_bytes // elem * elem)
         return sorted(set(out))
-
-
-def parse_placement(text: str) -> tuple[int, int]:
-    """``"NxP"`` -> ``(N, P)``: N nodes x P processes per node (both positive integers)."""
-    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(text))
-    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-        raise ConfigError(f"placements: {text!r} is not 'NxP' (N nodes x P processes per node, both >= 1)")
-    return int(m.group(1)), int(m.group(2))
 
 
 def bench_configs(placements, base: BenchConfig, algos=("",), protos=("",), repeats: int = 1) -> list[BenchConfig]:

@@ -48,6 +48,15 @@ class ConfigError(ValueError):
     """A config field holds a value that cannot run; the message names the field."""
 
 
+def parse_placement(text) -> tuple[int, int]:
+    """``"NxP"`` -> ``(N, P)``: N nodes x P processes per node (both positive integers)."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(text))
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise ConfigError(f"placements: {text!r} is not 'NxP' (N nodes x P processes per node, both >= 1), "
+                          f"e.g. '2x1'")
+    return int(m.group(1)), int(m.group(2))
+
+
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """A hash of the source of every kanlib module a run executes (12 hex digits).
@@ -262,7 +271,8 @@ class RunConfig(Config):
     nccl_proto: str = ""
     """NCCL protocol (LL, LL128, Simple), applied to all-reduce only; empty lets NCCL choose."""
     bucket_cap_mb: float = 25.0
-    """DDP gradient bucket size in MiB (DDP's first bucket is 1 MiB regardless)."""
+    """DDP gradient bucket size in MiB; every bucket, the first included, has this cap (torch 2.13 gives the
+    first bucket 1 MiB only when no cap is passed)."""
     gradient_as_bucket_view: bool = False
     """DDP option: gradients are views into the all-reduce buckets (saves a copy and memory)."""
     static_graph: bool = False
@@ -475,4 +485,4 @@ def field_docs(cls=RunConfig) -> dict[str, str]:
     return docs
 
 
-__all__ = ["Config", "RunConfig", "ConfigError", "field_docs", "code_version"]
+__all__ = ["Config", "RunConfig", "ConfigError", "parse_placement", "field_docs", "code_version"]

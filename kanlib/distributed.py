@@ -64,6 +64,12 @@ def nccl_env(algo: str, proto: str) -> dict[str, str]:
     """
     out = {}
     per_collective = _nccl_version() >= (2, 24, 0)
+    if algo and not per_collective:
+        import warnings
+
+        warnings.warn(f"nccl_algo={algo!r}: NCCL {'.'.join(map(str, _nccl_version()))} has no per-collective "
+                      f"NCCL_ALGO (2.24+), so it applies to every collective; Tree fails broadcast and all-gather "
+                      f"on some versions")
     for var, value in (("NCCL_ALGO", algo), ("NCCL_PROTO", proto)):
         if value:
             out[var] = f"allreduce:{value}" if per_collective else value

@@ -237,6 +237,7 @@ class RunRecord:
 
     provenance: Provenance
     config: dict
+    record_kind: str = field(default="train", metadata=_doc("`train` (kanlib.collbench writes `collbench` records)"))
     run_id: str = field(default="", metadata=_doc("unique id of this attempt (UTC time + random suffix)"))
     run_key: str = field(default="", metadata=_doc("stable key of the config and code version; the folder name"))
     status: str = field(default="ok", metadata=_doc("`ok`"))
@@ -269,6 +270,14 @@ class RunRecord:
     n_buckets: int | None = field(default=None, metadata=_doc("gradient buckets per step (only with a timed hook)"))
     bucket_bytes: list | None = field(default=None, metadata=_doc("bytes of each bucket, in the order DDP "
                                                                    "launched them (only with a timed hook)"))
+    wire_bytes: list | None = field(default=None, metadata=_doc(
+        "bytes each bucket's communication sent through the all-reduce: smaller than `bucket_bytes` under "
+        "bf16/fp16/PowerSGD compression (only with a timed hook)"))
+    messages_per_bucket: list | None = field(default=None, metadata=_doc(
+        "all-reduces each bucket took (1; 2 for PowerSGD's P and Q; only with a timed hook)"))
+    powersgd_stats: dict | None = field(default=None, metadata=_doc(
+        "comm_hook=powersgd: torch's PowerSGD compression statistics (compress rate, elements before and "
+        "after)"))
     emulated_s: float | None = field(default=None, metadata=_doc(
         "median per-step delay the emulated link added, summed over buckets (s; only with emulation)"))
     compile_s: float = field(default=0.0, metadata=_doc("time this process spent compiling kernels (s, rank 0)"))
@@ -460,6 +469,10 @@ def check_record(rec) -> str | None:
     """
     if not isinstance(rec, dict) or "schema_version" not in rec:
         return "not a run record (no schema_version)"
+    if rec.get("record_kind") == "collbench":
+        from kanlib.collbench import check_bench_record  # its rows have their own ranges
+
+        return check_bench_record(rec)
     if rec["schema_version"] not in SCHEMA_VERSIONS_READ:
         return f"schema_version {rec['schema_version']!r} is not one this version reads ({SCHEMA_VERSIONS_READ})"
     for name in _POSITIVE + _NON_NEGATIVE:

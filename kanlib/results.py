@@ -78,6 +78,8 @@ def load_records(root: str, study: str | None = None, strict: bool = False, code
             with open(path) as f:
                 text = f.read()
             rec = json.loads(text)
+            if isinstance(rec, dict) and rec.get("record_kind", "train") != "train":
+                continue  # a collective benchmark's record (kanlib.collbench.load_bench reads those)
             why = check_record(rec)
             if why:
                 raise ValueError(why)

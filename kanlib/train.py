@@ -445,6 +445,9 @@ def finish(run: Run) -> RunRecord | None:
         comm_total_s=stats["comm_total_s"]["median"] if timed_comm else None,
         n_buckets=run.comm.n_buckets if timed_comm else None,
         bucket_bytes=list(run.comm.bucket_bytes) if timed_comm else None,
+        wire_bytes=list(run.comm.wire_bytes) if timed_comm else None,
+        messages_per_bucket=list(run.comm.messages_per_bucket) if timed_comm else None,
+        powersgd_stats=_powersgd_stats(run.comm),
         emulated_s=stats["emulated_s"]["median"] if cfg.emulated_link else None,
         compile_s=compile_seconds(), time_to_first_step_s=run.first_step_at - _PROCESS_START,
         peak_mem_bytes=int(mem[0]), peak_mem_kind=peak_kind,
@@ -457,6 +460,14 @@ def finish(run: Run) -> RunRecord | None:
     records.atomic_write_json(os.path.join(run.run_dir, records.RECORD_NAME), rec)
     checkpoint.remove_all(run.run_dir)  # complete: model.pt holds the final parameters
     return rec
+
+
+def _powersgd_stats(comm) -> dict | None:
+    """torch's PowerSGD statistics (compress rate, elements before and after compression), or None."""
+    if comm is None or comm.powersgd is None:
+        return None
+    rate, before, after = comm.powersgd.state.compression_stats()
+    return {"compress_rate": float(rate), "numel_before": int(before), "numel_after": int(after)}
 
 
 def _gather_steps(run: Run) -> torch.Tensor:

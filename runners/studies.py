@@ -9,20 +9,7 @@ older ``world_sizes`` (+ ``procs_per_node``) form is still accepted and becomes 
 
 from __future__ import annotations
 
-import re
-
-from kanlib.config import ConfigError, RunConfig
-
-_PLACEMENT = re.compile(r"(\d+)x(\d+)")
-
-
-def parse_placement(p) -> tuple[int, int]:
-    """``"2x4"`` -> ``(2, 4)`` (nodes, processes per node); a ConfigError names a malformed one."""
-    m = _PLACEMENT.fullmatch(str(p).strip())
-    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-        raise ConfigError(f"placements: {p!r} is not NxP (N nodes x P processes per node, both >= 1), e.g. '2x1'")
-    return int(m.group(1)), int(m.group(2))
-
+from kanlib.config import ConfigError, RunConfig, parse_placement
 
 def _split(world_size: int, procs_per_node: int | None) -> tuple[int, int]:
     """World size as nodes x processes per node (all on one node unless ``procs_per_node`` > 0)."""
@@ -191,3 +178,11 @@ def compounding(base: RunConfig | None = None, placements=("1x1", "1x2", "2x1"),
     cfgs = [base.replace(study="compounding", model="kan", kan_impl=impl, nnodes=nodes, nproc_per_node=ppn)
             for impl in impls for nodes, ppn in placements_of(None, placements)]
     return _repeat(cfgs, repeats)
+
+
+def collbench(placements=("1x2", "2x1"), base=None, algos=("",), protos=("",), repeats: int = 1):
+    """The collective benchmark (kanlib.collbench) at each placement, NCCL algorithm and protocol; ``base``
+    is a ``BenchConfig`` (its defaults when None)."""
+    from kanlib.collbench import BenchConfig, bench_configs
+
+    return bench_configs(placements, base or BenchConfig(), algos=algos, protos=protos, repeats=repeats)

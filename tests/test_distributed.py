@@ -84,4 +84,5 @@ def test_nccl_algorithm_applies_to_all_reduce_only(monkeypatch):
     assert distributed.nccl_env("Tree", "LL128") == {"NCCL_ALGO": "allreduce:Tree", "NCCL_PROTO": "allreduce:LL128"}
     assert distributed.nccl_env("", "") == {}
     monkeypatch.setattr(distributed, "_nccl_version", lambda: (2, 18, 1))
-    assert distributed.nccl_env("Ring", "") == {"NCCL_ALGO": "Ring"}
+    with pytest.warns(UserWarning, match="applies to every collective"):
+        assert distributed.nccl_env("Ring", "") == {"NCCL_ALGO": "Ring"}
