@@ -27,6 +27,8 @@ non-finite outputs and gradients on every path, never an exception (a NaN must r
 from __future__ import annotations
 
 import functools
+import math
+import threading
 import warnings
 from typing import NamedTuple
 
@@ -152,43 +154,74 @@ def symmetric_pieces(spline_order: int) -> tuple:
 
 
 # -- eager ("fast") kernels ----------------------------------------------------------------------
+class _Scratch(threading.local):
+    """Reusable CPU buffers for the eager kernels' temporaries, one per name (and thread).
+
+    A training step of a 256x256 layer allocates and frees ~30 MB of temporaries; glibc hands such
+    blocks back to the kernel and maps them again at the next step, and the page faults (~10k per
+    step) cost as much as a GEMM. Reusing the blocks removes them. Only temporaries that die inside
+    one kernel call live here, never a returned or saved tensor. CUDA's caching allocator already
+    reuses memory, so there (and for other devices) this is plain ``torch.empty``.
+    """
+
+    def __init__(self):
+        self.buffers: dict = {}
+
+    def get(self, name: str, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if device.type != "cpu":
+            return torch.empty(shape, dtype=dtype, device=device)
+        numel = math.prod(shape)
+        buf = self.buffers.get((name, dtype))
+        if buf is None or buf.numel() < numel:
+            buf = self.buffers[(name, dtype)] = torch.empty(numel, dtype=dtype)
+        return buf[:numel].view(shape)
+
+
+_SCRATCH = _Scratch()
+
+
 def _local(x: torch.Tensor, grid: UniformGrid, with_grad: bool):
-    """Columns and values of the k + 1 nonzero bases of each ``x: (batch, in)``.
+    """Columns and values of the k + 1 nonzero bases of each ``x: (batch, in)`` (scratch buffers).
 
     Returns ``(col, vals, dvals)``: col ``(batch * in, k + 1)`` int64 feature columns (0 for bases that
     do not exist), vals the basis values there, dvals their d/du (``None`` unless ``with_grad``).
     Non-finite x gives NaN values at valid columns, never an out-of-range index.
     """
     k1 = grid.spline_order + 1
+    n = x.numel()
     u = torch.addcmul(grid.shift, x, grid.inv_h).view(-1)  # (batch * in,) position in knot intervals
     m = torch.floor(u)
-    t = u - m  # (batch * in,) in [0, 1); NaN for non-finite x
+    t = u.sub_(m)  # (batch * in,) in [0, 1); NaN for non-finite x
     # A non-finite u has t = NaN: it goes to an interval where all k + 1 bases exist, so its NaN values
     # reach the features (as in the reference) instead of an out-of-range index.
-    inner = float(grid.spline_order + 1)
-    mi = torch.nan_to_num(m + 1, nan=inner, posinf=inner, neginf=inner).clamp_(0, grid.cols.shape[0] - 1)
-    mi = mi.to(torch.int64)
-    col = grid.cols.index_select(0, mi)  # (batch * in, k + 1)
-    powers = t.new_empty(t.shape[0], k1)  # (batch * in, k + 1): [1, t, .., t^k] (pow() is ~10x slower)
-    powers[:, 0] = 1
-    powers[:, 1] = t
+    inner = float(k1)
+    mi = torch.nan_to_num_(m.add_(1), nan=inner, posinf=inner, neginf=inner).clamp_(0, grid.cols.shape[0] - 1)
+    col = torch.index_select(grid.cols, 0, mi.to(torch.int64),
+                             out=_SCRATCH.get("col", (n, k1), torch.int64, x.device))  # (batch * in, k + 1)
+    powers = _SCRATCH.get("powers", (k1, n), x.dtype, x.device)  # rows 1, t, .., t^k (pow() is ~10x slower)
+    powers[0] = 1
+    powers[1] = t
     for q in range(2, k1):
-        torch.mul(powers[:, q - 1], t, out=powers[:, q])
+        torch.mul(powers[q - 1], t, out=powers[q])
     poly = local_poly(grid.spline_order).to(device=x.device, dtype=x.dtype)
-    vd = powers @ (poly if with_grad else poly[:, :k1])  # (batch * in, k + 1 [+ k + 1])
-    return col, vd[:, :k1], (vd[:, k1:] if with_grad else None)
+    vals = torch.mm(powers.t(), poly[:, :k1], out=_SCRATCH.get("vals", (n, k1), x.dtype, x.device))
+    dvals = (torch.mm(powers.t(), poly[:, k1:], out=_SCRATCH.get("dvals", (n, k1), x.dtype, x.device))
+             if with_grad else None)
+    return col, vals, dvals  # (batch * in, k + 1) each
 
 
-def uniform_features(x: torch.Tensor, grid: UniformGrid, col=None, vals=None) -> torch.Tensor:
+def uniform_features(x: torch.Tensor, grid: UniformGrid, col=None, vals=None, scratch: bool = False) -> torch.Tensor:
     """``(batch, in, 1 + C)`` features ``[silu(x_i), B_0(x_i) .. B_{C-1}(x_i)]`` by the closed form.
 
     x: ``(batch, in)``. Equal to :func:`kanlib.bspline.bspline_basis` (with silu in front) on the same
-    uniform knots. ``col``/``vals`` from :func:`_local` when the caller already has them.
+    uniform knots. ``col``/``vals`` from :func:`_local` when the caller already has them; ``scratch``:
+    write into a reused buffer (the caller must drop the result before the next kernel call).
     """
     batch, n_in = x.shape
     if col is None:
         col, vals, _ = _local(x, grid, with_grad=False)
-    feats = x.new_zeros(batch * n_in, 1 + grid.n_coeff)
+    shape = (batch * n_in, 1 + grid.n_coeff)
+    feats = _SCRATCH.get("feats", shape, x.dtype, x.device).zero_() if scratch else x.new_zeros(shape)
     feats.scatter_(1, col, vals)  # bases that do not exist land in column 0 ...
     feats = feats.view(batch, n_in, 1 + grid.n_coeff)
     feats[..., 0] = F.silu(x)  # ... which silu(x) overwrites (silu into a strided out is ~5x slower)
@@ -249,7 +282,7 @@ class _EagerKAN(torch.autograd.Function):
     def forward(ctx, x, base_weight, spline_weight, spline_scaler, grid: UniformGrid, gemm_dtype, paths):
         paths.add("fast")
         w = _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major=False).to(gemm_dtype)
-        feats = uniform_features(x, grid)  # (batch, in, 1 + C)
+        feats = uniform_features(x, grid, scratch=True)  # (batch, in, 1 + C), dropped after the GEMM
         y = feats.view(x.shape[0], -1).to(gemm_dtype) @ w.t()  # (batch, out)
         ctx.save_for_backward(x, w, spline_weight, spline_scaler)
         ctx.grid, ctx.gemm_dtype, ctx.paths = grid, gemm_dtype, paths
@@ -266,13 +299,17 @@ class _EagerKAN(torch.autograd.Function):
         col, vals, dvals = _local(x, grid, with_grad=need_x)
         grad_x = grad_base = grad_spline = grad_scaler = None
         if need_x:
-            gf = (grad_y @ w).to(x.dtype).view(-1, 1 + n_coeff)  # (batch * in, 1 + C)
-            g_silu = torch.ops.aten.silu_backward(gf[:, 0].view_as(x), x)  # (batch, in)
+            gf = torch.mm(grad_y, w, out=_SCRATCH.get("gf", (x.shape[0], w.shape[1]), gdt, x.device))
+            gf = gf.to(x.dtype).view(-1, 1 + n_coeff)  # (batch * in, 1 + C)
+            # contiguous first: silu_backward on the strided column is ~5x slower
+            g_silu = torch.ops.aten.silu_backward(gf[:, 0].contiguous().view_as(x), x)  # (batch, in)
             gf[:, 0] = 0  # bases that do not exist point at column 0: they must gather 0
-            g_u = torch.bmm(torch.gather(gf, 1, col).unsqueeze(1), dvals.unsqueeze(2))  # (batch * in, 1, 1)
+            picked = torch.gather(gf, 1, col, out=_SCRATCH.get("picked", col.shape, x.dtype, x.device))
+            # row-wise dot product of (batch * in, k + 1) rows as a GEMV: reductions over a dim of 4 are slow
+            g_u = torch.mv(picked.mul_(dvals), torch.ones(col.shape[1], dtype=x.dtype, device=x.device))
             grad_x = torch.addcmul(g_silu, g_u.view_as(x), grid.inv_h)  # du/dx = inv_h
         if any(need_w):
-            feats = uniform_features(x, grid, col, vals)
+            feats = uniform_features(x, grid, col, vals, scratch=True)
             gw = (grad_y.t() @ feats.view(x.shape[0], -1).to(gdt)).to(spline_weight.dtype)
             grad_base, grad_spline, grad_scaler = _param_grads(
                 gw.view(n_out, n_in, 1 + n_coeff), spline_weight, spline_scaler, need_w)
