@@ -387,16 +387,18 @@ def _small_out_forward(x, shift, inv_h, n_coeff: int, pieces, w3):
     return (f.unsqueeze(1) * w3).sum((2, 3))
 
 
-def _small_out_grad_x(g, w3, x, shift, inv_h, n_coeff: int, pieces):
-    """``(batch, in)`` d loss / dx for a few-output layer; g: ``(batch, out)``."""
-    gf = (g[:, :, None, None] * w3).sum(1)  # (batch, 1 + C, in), fused away
-    return _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, pieces)
-
-
-def _small_out_grad_w(g, x, shift, inv_h, n_coeff: int, pieces):
-    """``(out, 1 + C, in)`` d loss / d fused weight for a few-output layer."""
-    f = _pointwise_features(x, shift, inv_h, n_coeff, pieces)
-    return (g[:, :, None, None] * f.unsqueeze(1)).sum(0)
+def _small_out_backward(g, w3, x, shift, inv_h, n_coeff: int, pieces, spline_weight, spline_scaler, need_x: bool):
+    """Backward of a few-output layer in one fused pass: ``(grad_x or None, grad_base, grad_spline,
+    grad_scaler or None)`` from ``g = d loss / d y: (batch, out)``; features never materialised."""
+    f = _pointwise_features(x, shift, inv_h, n_coeff, pieces)  # (batch, 1 + C, in), fused away
+    gw = (g[:, :, None, None] * f.unsqueeze(1)).sum(0)  # (out, 1 + C, in): d loss / d fused weight
+    grad_x = None
+    if need_x:
+        gf = (g[:, :, None, None] * w3).sum(1)  # (batch, 1 + C, in), fused away
+        grad_x = _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, pieces)
+    if spline_scaler is None:
+        return grad_x, gw[:, 0].contiguous(), gw[:, 1:].transpose(1, 2).contiguous(), None
+    return (grad_x, *_weight_grads(gw, spline_weight, spline_scaler))
 
 
 class CompileUnavailable(RuntimeError):
@@ -417,6 +419,41 @@ def _warn_once(key, msg: str) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
         warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+
+_PREPARING: dict = {}
+
+
+def prepare_compile(device_type: str = "cpu", background: bool = True) -> None:
+    """Pay torch.compile's per-process set-up now, in a background thread by default.
+
+    Every fresh process that compiles (even with a warm inductor cache) first imports inductor
+    (~0.9 s here) and, for CPU kernels, probes the vector ISAs by compiling and loading small
+    libraries in subprocesses (~1.3 s here, mostly waiting). A launcher that calls this at start-up
+    overlaps that with its rendezvous and data loading, so that the first compiled step only traces
+    and loads cached kernels. Idempotent; errors are left for the first real compile to report.
+    Call it before forking worker processes, not while they start.
+    """
+    if device_type in _PREPARING:
+        return
+
+    def work():
+        try:
+            import torch._inductor.compile_fx  # noqa: F401
+            if device_type == "cpu":
+                from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+                pick_vec_isa()
+        except Exception:  # noqa: BLE001 - the first compile reports the real problem
+            pass
+
+    if background:
+        thread = threading.Thread(target=work, name="kanlib-prepare-compile", daemon=True)
+        _PREPARING[device_type] = thread
+        thread.start()
+    else:
+        _PREPARING[device_type] = None
+        work()
 
 
 def _run_compiled(fn, *args):
@@ -491,21 +528,18 @@ class _CompiledKAN(torch.autograd.Function):
         consts = (x, grid.shift, grid.inv_h, n_coeff, pieces)
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1:4]
         grad_x = gw = feats = None
-        if n_out <= SMALL_OUT:  # features never materialised
-            g = grad_y.to(x.dtype)
-            if need_x:
-                grad_x = _call(paths, _small_out_grad_x, g, w.view(n_out, -1, n_in), *consts)
-            if any(need_w):
-                gw = _call(paths, _small_out_grad_w, g, *consts).to(spline_weight.dtype)
-        else:
-            grad_y = grad_y.to(gdt)
-            if need_x:
-                gf = (grad_y @ w).to(x.dtype).view(-1, 1 + n_coeff, n_in)  # (batch, 1 + C, in)
-                feats, grad_x = _call(paths, _pointwise_features_and_grad_x, gf, *consts)
-            elif any(need_w):
-                feats = _call(paths, _pointwise_features, *consts)
-            if any(need_w):
-                gw = (grad_y.t() @ feats.view(x.shape[0], -1).to(gdt)).to(spline_weight.dtype)
+        if n_out <= SMALL_OUT:  # one fused kernel, features never materialised
+            grads = _call(paths, _small_out_backward, grad_y.to(x.dtype), w.view(n_out, -1, n_in), *consts,
+                          spline_weight, spline_scaler, need_x)
+            return (*grads, None, None, None)
+        grad_y = grad_y.to(gdt)
+        if need_x:
+            gf = (grad_y @ w).to(x.dtype).view(-1, 1 + n_coeff, n_in)  # (batch, 1 + C, in)
+            feats, grad_x = _call(paths, _pointwise_features_and_grad_x, gf, *consts)
+        elif any(need_w):
+            feats = _call(paths, _pointwise_features, *consts)
+        if any(need_w):
+            gw = (grad_y.t() @ feats.view(x.shape[0], -1).to(gdt)).to(spline_weight.dtype)
         if not any(need_w):
             return grad_x, None, None, None, None, None, None
         gw = gw.view(n_out, 1 + n_coeff, n_in)
