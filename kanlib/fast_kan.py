@@ -130,27 +130,18 @@ def local_poly(spline_order: int) -> torch.Tensor:
 def symmetric_pieces(spline_order: int) -> tuple:
     """The cardinal B-spline in the distance ``s = |v - (k + 1) / 2|`` from its centre, as Python floats.
 
-    ``N(v)`` (support ``[0, k + 1]``) is symmetric, so ``floor(k / 2) + 1`` polynomial pieces in s describe
-    it. Returns ``(half, bounds, vals, dvals)``: ``N = 0`` for ``s >= half``; piece q holds for
-    ``s < bounds[q]`` (the first such q); ``vals[q]`` are its power coefficients in s, ``dvals[q]`` those of
-    ``dN/ds`` (``dN/dv = sign(v - half) dN/ds``). Floats, so torch.compile folds them into its kernels.
+    ``N(v)`` (support ``[0, k + 1]``) is symmetric and, written with truncated powers from its centre,
+    ``N = sum_l c_l * max(o_l - s, 0)^k`` over the ``l`` with ``o_l = (k + 1) / 2 - l > 0`` and
+    ``c_l = (-1)^l binom(k + 1, l) / k!`` (for cubics ``((2 - s)_+^3 - 4 (1 - s)_+^3) / 6``): a few
+    elementwise operations and no case selection, and the terms cancel by at most a small factor
+    (2 for cubics) for the small k of KANs. Returns ``(half, terms)`` with ``terms = ((o_l, c_l), ...)``;
+    ``dN/dv = -sign(v - half) k sum_l c_l max(o_l - s, 0)^(k - 1)``. Floats, so torch.compile folds them.
     """
     k = spline_order
     half = (k + 1) / 2
-    bounds = [(0.5 if k % 2 == 0 else 1.0) + q for q in range(k // 2 + 1)]  # pieces change at integer v
-    bounds[-1] = half
-    lows = [0.0] + bounds[:-1]
-    vals, dvals = [], []
-    for lo, hi in zip(lows, bounds):
-        ss = lo + (hi - lo) * (torch.arange(k + 1, dtype=torch.float64) + 0.5) / (k + 1)  # (k + 1,)
-        v = half + ss  # right half of the support
-        r = torch.floor(v)
-        piece_vals, piece_d = local_bspline(v - r, k)  # N(v) is local piece r at fraction v - r
-        idx = r.to(torch.int64).unsqueeze(1)
-        vand = torch.linalg.vander(ss, N=k + 1)
-        vals.append(tuple(torch.linalg.solve(vand, piece_vals.gather(1, idx).squeeze(1)).tolist()))
-        dvals.append(tuple(torch.linalg.solve(vand, piece_d.gather(1, idx).squeeze(1)).tolist()))
-    return half, tuple(bounds), tuple(vals), tuple(dvals)
+    terms = tuple((half - l, (-1) ** l * math.comb(k + 1, l) / math.factorial(k))
+                  for l in range(k + 1) if half - l > 0)
+    return half, terms
 
 
 # -- eager ("fast") kernels ----------------------------------------------------------------------
@@ -319,30 +310,27 @@ class _EagerKAN(torch.autograd.Function):
 # -- compiled kernels: pointwise, coefficient-major (batch, 1 + C, in) ------------------------------
 # Plain torch functions; torch.compile turns each into one fused loop. Called eagerly they compute the
 # same values (slowly), which is what the fallback does when compilation fails mid-step.
-def _horner(s: torch.Tensor, c) -> torch.Tensor:
-    """``sum_p c[p] s^p`` for Python-float coefficients ``c`` (constants under torch.compile)."""
-    if len(c) == 1:
-        return torch.full_like(s, c[0])
-    out = s * c[-1] + c[-2]
-    for q in range(len(c) - 3, -1, -1):
-        out = out * s + c[q]
-    return out
-
-
 def _cardinal(v: torch.Tensor, pieces, derivative: bool) -> torch.Tensor:
     """The cardinal B-spline ``N(v)`` (or ``dN/dv``) elementwise, ``v = u - j`` for basis j.
 
-    Comparisons, not indices, so a non-finite v cannot index out of range; it gives NaN.
+    By the truncated powers of :func:`symmetric_pieces`: no index, so a non-finite v cannot index out
+    of range; it gives NaN (``s * 0`` below), which must reach the features.
     """
-    half, bounds, vals, dvals = pieces
+    half, terms = pieces
+    k = round(2 * half) - 1
     d = v - half
     s = d.abs()
-    coeffs = dvals if derivative else vals
-    out = s * 0.0  # 0, or NaN where v is not finite: that NaN must reach the features
-    for q in reversed(range(len(bounds))):
-        out = torch.where(s < bounds[q], _horner(s, coeffs[q]), out)
+    out = s * 0.0
+    for o, c in terms:
+        p = (o - s).clamp_min(0.0)  # (o - s)_+
+        if derivative:
+            # k = 1: the derivative of (o - s)_+ is the step [s < o]; pow(0, 0) would give 1 at s >= o
+            q = torch.where(s < o, 1.0, 0.0) if k == 1 else p ** (k - 1)
+            out = out + (-k * c) * q
+        else:
+            out = out + c * p ** k
     if derivative:
-        out = torch.where(d < 0, -out, out)
+        out = torch.where(d < 0, -out, out)  # dN/dv = sign(v - half) dN/ds, right-continuous at the centre
     return out
 
 
