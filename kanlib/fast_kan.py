@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from kanlib.bspline import local_bspline
 
@@ -126,6 +127,18 @@ def local_poly(spline_order: int) -> torch.Tensor:
     return torch.linalg.solve(torch.linalg.vander(ts, N=k + 1), torch.cat([vals, dvals], dim=1))
 
 
+_POLYS: dict = {}
+
+
+def _local_poly_on(spline_order: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """:func:`local_poly` cast and moved once per (dtype, device): a host-to-device copy of pageable
+    memory at every layer call would synchronise the CUDA stream."""
+    key = (spline_order, dtype, str(device))
+    if key not in _POLYS:
+        _POLYS[key] = local_poly(spline_order).to(device=device, dtype=dtype)
+    return _POLYS[key]
+
+
 @functools.lru_cache(maxsize=None)
 def symmetric_pieces(spline_order: int) -> tuple:
     """The cardinal B-spline in the distance ``s = |v - (k + 1) / 2|`` from its centre, as Python floats.
@@ -194,7 +207,7 @@ def _local(x: torch.Tensor, grid: UniformGrid, with_grad: bool):
     powers[1] = t
     for q in range(2, k1):
         torch.mul(powers[q - 1], t, out=powers[q])
-    poly = local_poly(grid.spline_order).to(device=x.device, dtype=x.dtype)
+    poly = _local_poly_on(grid.spline_order, x.dtype, x.device)
     vals = torch.mm(powers.t(), poly[:, :k1], out=_SCRATCH.get("vals", (n, k1), x.dtype, x.device))
     dvals = (torch.mm(powers.t(), poly[:, k1:], out=_SCRATCH.get("dvals", (n, k1), x.dtype, x.device))
              if with_grad else None)
@@ -280,6 +293,7 @@ class _EagerKAN(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: double backward raises
     def backward(ctx, grad_y):
         x, w, spline_weight, spline_scaler = ctx.saved_tensors
         grid, gdt = ctx.grid, ctx.gemm_dtype
@@ -509,6 +523,7 @@ class _CompiledKAN(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: double backward raises
     def backward(ctx, grad_y):
         x, w, spline_weight, spline_scaler = ctx.saved_tensors
         grid, gdt, paths, pieces = ctx.grid, ctx.gemm_dtype, ctx.paths, ctx.pieces
