@@ -38,7 +38,6 @@ from torch.autograd.function import once_differentiable
 
 from kanlib.bspline import local_bspline
 
-PATHS = ("compiled", "fast", "reference")
 SMALL_OUT = 2  # layers with at most this many outputs use fused matrix-vector kernels when compiled
 
 
@@ -140,7 +139,7 @@ def _local_poly_on(spline_order: int, dtype: torch.dtype, device) -> torch.Tenso
 
 
 @functools.lru_cache(maxsize=None)
-def symmetric_pieces(spline_order: int) -> tuple:
+def cardinal_terms(spline_order: int) -> tuple:
     """The cardinal B-spline in the distance ``s = |v - (k + 1) / 2|`` from its centre, as Python floats.
 
     ``N(v)`` (support ``[0, k + 1]``) is symmetric and, written with truncated powers from its centre,
@@ -324,13 +323,13 @@ class _EagerKAN(torch.autograd.Function):
 # -- compiled kernels: pointwise, coefficient-major (batch, 1 + C, in) ------------------------------
 # Plain torch functions; torch.compile turns each into one fused loop. Called eagerly they compute the
 # same values (slowly), which is what the fallback does when compilation fails mid-step.
-def _cardinal(v: torch.Tensor, pieces, derivative: bool) -> torch.Tensor:
+def _cardinal(v: torch.Tensor, spec, derivative: bool) -> torch.Tensor:
     """The cardinal B-spline ``N(v)`` (or ``dN/dv``) elementwise, ``v = u - j`` for basis j.
 
-    By the truncated powers of :func:`symmetric_pieces`: no index, so a non-finite v cannot index out
+    By the truncated powers of :func:`cardinal_terms`: no index, so a non-finite v cannot index out
     of range; it gives NaN (``s * 0`` below), which must reach the features.
     """
-    half, terms = pieces
+    half, terms = spec  # from cardinal_terms()
     k = round(2 * half) - 1
     d = v - half
     s = d.abs()
@@ -354,23 +353,23 @@ def _offsets(x, shift, inv_h, n_coeff: int):
     return u - torch.arange(n_coeff, device=x.device, dtype=x.dtype).unsqueeze(-1)
 
 
-def _pointwise_features(x, shift, inv_h, n_coeff: int, pieces):
+def _pointwise_features(x, shift, inv_h, n_coeff: int, terms):
     """``(batch, 1 + C, in)`` features ``[silu(x), B_0(x) .. B_{C-1}(x)]``, coefficient-major so the
     innermost loop runs over the inputs and vectorises."""
-    return torch.cat([F.silu(x).unsqueeze(1), _cardinal(_offsets(x, shift, inv_h, n_coeff), pieces, False)], 1)
+    return torch.cat([F.silu(x).unsqueeze(1), _cardinal(_offsets(x, shift, inv_h, n_coeff), terms, False)], 1)
 
 
-def _pointwise_grad_x(gf, x, shift, inv_h, n_coeff: int, pieces):
+def _pointwise_grad_x(gf, x, shift, inv_h, n_coeff: int, terms):
     """``(batch, in)`` d loss / dx from ``gf = d loss / d features: (batch, 1 + C, in)``."""
-    g_u = (gf[:, 1:] * _cardinal(_offsets(x, shift, inv_h, n_coeff), pieces, True)).sum(1)  # d loss / du
+    g_u = (gf[:, 1:] * _cardinal(_offsets(x, shift, inv_h, n_coeff), terms, True)).sum(1)  # d loss / du
     sig = torch.sigmoid(x)
     return gf[:, 0] * (sig * (1 + x * (1 - sig))) + g_u * inv_h
 
 
-def _pointwise_features_and_grad_x(gf, x, shift, inv_h, n_coeff: int, pieces):
+def _pointwise_features_and_grad_x(gf, x, shift, inv_h, n_coeff: int, terms):
     """:func:`_pointwise_features` and :func:`_pointwise_grad_x` in one fused pass."""
-    return (_pointwise_features(x, shift, inv_h, n_coeff, pieces),
-            _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, pieces))
+    return (_pointwise_features(x, shift, inv_h, n_coeff, terms),
+            _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, terms))
 
 
 def _weight_grads(gw, spline_weight, spline_scaler):
@@ -382,22 +381,22 @@ def _weight_grads(gw, spline_weight, spline_scaler):
             (g_scaled * spline_weight).sum(-1))
 
 
-def _small_out_forward(x, shift, inv_h, n_coeff: int, pieces, w3):
+def _small_out_forward(x, shift, inv_h, n_coeff: int, terms, w3):
     """``(batch, out)`` for a layer with few outputs; w3: ``(out, 1 + C, in)``. The GEMM would be a
     matrix-vector product bound by writing and reading the features; fused, they never exist."""
-    f = _pointwise_features(x, shift, inv_h, n_coeff, pieces)  # (batch, 1 + C, in), fused away
+    f = _pointwise_features(x, shift, inv_h, n_coeff, terms)  # (batch, 1 + C, in), fused away
     return (f.unsqueeze(1) * w3).sum((2, 3))
 
 
-def _small_out_backward(g, w3, x, shift, inv_h, n_coeff: int, pieces, spline_weight, spline_scaler, need_x: bool):
+def _small_out_backward(g, w3, x, shift, inv_h, n_coeff: int, terms, spline_weight, spline_scaler, need_x: bool):
     """Backward of a few-output layer in one fused pass: ``(grad_x or None, grad_base, grad_spline,
     grad_scaler or None)`` from ``g = d loss / d y: (batch, out)``; features never materialised."""
-    f = _pointwise_features(x, shift, inv_h, n_coeff, pieces)  # (batch, 1 + C, in), fused away
+    f = _pointwise_features(x, shift, inv_h, n_coeff, terms)  # (batch, 1 + C, in), fused away
     gw = (g[:, :, None, None] * f.unsqueeze(1)).sum(0)  # (out, 1 + C, in): d loss / d fused weight
     grad_x = None
     if need_x:
         gf = (g[:, :, None, None] * w3).sum(1)  # (batch, 1 + C, in), fused away
-        grad_x = _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, pieces)
+        grad_x = _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, terms)
     if spline_scaler is None:
         return grad_x, gw[:, 0].contiguous(), gw[:, 1:].transpose(1, 2).contiguous(), None
     return (grad_x, *_weight_grads(gw, spline_weight, spline_scaler))
@@ -507,28 +506,28 @@ class _CompiledKAN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, base_weight, spline_weight, spline_scaler, grid: UniformGrid, gemm_dtype, paths):
         n_out, n_in, n_coeff = spline_weight.shape
-        pieces = symmetric_pieces(grid.spline_order)
+        terms = cardinal_terms(grid.spline_order)
         w = _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major=True)  # (out, (1 + C) * in)
         if n_out <= SMALL_OUT:
             # computed in x's dtype; cast to what the GEMM would return under autocast
-            y = _run_compiled(_small_out_forward, x, grid.shift, grid.inv_h, n_coeff, pieces,
+            y = _run_compiled(_small_out_forward, x, grid.shift, grid.inv_h, n_coeff, terms,
                               w.view(n_out, -1, n_in)).to(gemm_dtype)
         else:
             w = w.to(gemm_dtype)
-            feats = _run_compiled(_pointwise_features, x, grid.shift, grid.inv_h, n_coeff, pieces)
+            feats = _run_compiled(_pointwise_features, x, grid.shift, grid.inv_h, n_coeff, terms)
             y = feats.view(x.shape[0], -1).to(gemm_dtype) @ w.t()  # (batch, out)
         paths.add("compiled")
         ctx.save_for_backward(x, w, spline_weight, spline_scaler)
-        ctx.grid, ctx.gemm_dtype, ctx.paths, ctx.pieces = grid, gemm_dtype, paths, pieces
+        ctx.grid, ctx.gemm_dtype, ctx.paths, ctx.terms = grid, gemm_dtype, paths, terms
         return y
 
     @staticmethod
     @once_differentiable  # the backward is not itself differentiable: double backward raises
     def backward(ctx, grad_y):
         x, w, spline_weight, spline_scaler = ctx.saved_tensors
-        grid, gdt, paths, pieces = ctx.grid, ctx.gemm_dtype, ctx.paths, ctx.pieces
+        grid, gdt, paths, terms = ctx.grid, ctx.gemm_dtype, ctx.paths, ctx.terms
         n_out, n_in, n_coeff = spline_weight.shape
-        consts = (x, grid.shift, grid.inv_h, n_coeff, pieces)
+        consts = (x, grid.shift, grid.inv_h, n_coeff, terms)
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1:4]
         grad_x = gw = feats = None
         if n_out <= SMALL_OUT:  # one fused kernel, features never materialised
