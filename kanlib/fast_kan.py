@@ -18,6 +18,14 @@ Two modes, one code path each (:func:`kan_linear` picks):
   ``SMALL_OUT`` outputs never materialise the features. Where torch.compile cannot run (no C++ compiler,
   unsupported platform, compile error) the layer falls back to ``"fast"``, with one warning per process.
 
+Compiling once: the kernels are compiled per layer shape with static shapes (``fullgraph=True``, so a
+graph break or dynamo's recompile limit raises and that call runs eagerly, recorded as "fast"). torch 2.13
+keeps compiled kernels on disk by default (FX graph cache ``TORCHINDUCTOR_FX_GRAPH_CACHE`` and AOTAutograd
+cache ``TORCHINDUCTOR_AUTOGRAD_CACHE``, both on) under ``TORCHINDUCTOR_CACHE_DIR`` (default
+``/tmp/torchinductor_<user>``): a second process with the same folder loads instead of compiling. What it
+still pays per process is inductor's import and CPU vector-ISA probe; :func:`prepare_compile` starts
+those in the background.
+
 Both modes save only x and parameter-sized tensors for backward and rebuild the basis there, so a training
 step keeps nothing of size ``batch * in * coeff`` alive between forward and backward. Non-finite inputs give
 non-finite outputs and gradients on every path, never an exception (a NaN must reach the trainer's
