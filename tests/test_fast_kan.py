@@ -347,3 +347,13 @@ def test_second_process_loads_compiled_kernels_from_the_cache(tmp_path):
     assert first["fx_miss"] > 0 and first["fx_hit"] == 0
     assert second["fx_miss"] == 0 and second["fx_hit"] == first["fx_miss"]  # nothing compiled again
     assert second["err"] < 1e-5
+
+
+def test_prepare_compile_is_idempotent_and_leaves_compiling_working(fresh_dynamo):
+    fast_kan.prepare_compile("cpu", background=False)
+    fast_kan.prepare_compile("cpu")  # already done: no second thread
+    assert "cpu" in fast_kan._PREPARING and fast_kan._PREPARING["cpu"] is None
+    ref, fast = _pair(2, 3, 4, 2, impl="compiled")
+    x = _inputs(16, 2, torch.float32)
+    torch.testing.assert_close(fast(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert kernel_paths(fast) == ["compiled"]
