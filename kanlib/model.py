@@ -3,25 +3,25 @@
 The one exception to "no torch.distributed" is :func:`update_grid_distributed` (at the end),
 which imports it lazily: a grid update must see every rank's data to leave the ranks identical.
 
-Layers: :class:`KANLinear` (exact B-spline; ``impl="reference"`` or ``"fast"``),
-:class:`RBFKANLinear` (Gaussian RBFs), :class:`ChebyKANLinear` (Chebyshev polynomials);
-stacks :class:`KAN`, :class:`RBFKAN`, :class:`ChebyKAN`; baseline :class:`MLP` and
-:func:`matched_mlp`.
+Layers (each takes ``(..., in)`` and returns ``(..., out)``; :class:`_Layer` checks and flattens once):
+:class:`KANLinear` (exact B-spline; ``impl`` "compiled", "fast" or "reference"), :class:`RBFKANLinear`
+(Gaussian RBFs), :class:`ChebyKANLinear` (Chebyshev polynomials). Stacks (:class:`_LayerStack`):
+:class:`KAN`, :class:`RBFKAN`, :class:`ChebyKAN` and the baseline :class:`MLP`; :func:`matched_mlp`.
+The fast B-spline kernels live in :mod:`kanlib.fast_kan`; :func:`kernel_paths` says which ran.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kanlib.bspline import (bspline_basis, grid_uniform_params, local_bspline_poly, make_grid,
-                            symmetric_bspline_pieces, uniform_bspline_tables)
+from kanlib import fast_kan
+from kanlib.bspline import bspline_basis, make_grid
 
-KAN_IMPLS = ("reference", "fast")
+KAN_IMPLS = ("reference", "fast", "compiled")  # the same strings as RunConfig.kan_impl
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
@@ -37,307 +37,57 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
     return torch.get_autocast_dtype(device_type)
 
 
-def _fused_weight(base_weight: torch.Tensor, spline_weight: torch.Tensor,
-                  spline_scaler: torch.Tensor | None, coeff_major: bool = False) -> torch.Tensor:
-    """``(out, in * (1 + coeff))``: the base weight and the scaled spline coefficients side by side.
+class _Layer(nn.Module):
+    """Base of the KAN layers: checks ``x: (..., in_features)``, flattens it to ``(batch, in)`` for
+    :meth:`forward_2d` and gives the result back as ``(..., out_features)``."""
 
-    Column layout ``(in, 1 + coeff)`` (per input: base, then its coefficients), matching
-    :func:`_fast_features`; with ``coeff_major`` it is ``(1 + coeff, in)``, matching
-    :func:`_pointwise_features`. Either way one GEMM gives base + spline.
-    """
-    n_out, n_in, n_coeff = spline_weight.shape
-    if coeff_major:
-        w = spline_weight.new_empty(n_out, 1 + n_coeff, n_in)
-        w[:, 0] = base_weight
-        dst = w[:, 1:].transpose(1, 2)  # (out, in, C) view
-    else:
-        w = spline_weight.new_empty(n_out, n_in, 1 + n_coeff)
-        w[..., 0] = base_weight
-        dst = w[..., 1:]
-    if spline_scaler is None:
-        dst.copy_(spline_weight)
-    else:
-        torch.mul(spline_weight, spline_scaler.unsqueeze(-1), out=dst)
-    return w.view(n_out, -1)
+    in_features: int
+    out_features: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"expected (..., {self.in_features}) input, got {tuple(x.shape)}")
+        lead = x.shape[:-1]
+        y = self.forward_2d(x.reshape(-1, self.in_features))  # (batch, out)
+        return y.reshape(*lead, self.out_features)
+
+    def forward_2d(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
 
 
-def _horner(s: torch.Tensor, c) -> torch.Tensor:
-    """``sum_p c[p] s^p`` for Python-float coefficients ``c`` (constants under torch.compile)."""
-    if len(c) == 1:
-        return torch.full_like(s, c[0])
-    out = s * c[-1] + c[-2]
-    for q in range(len(c) - 3, -1, -1):
-        out = out * s + c[q]
-    return out
-
-
-def _symmetric_pieces(v: torch.Tensor, pieces, derivative: bool) -> torch.Tensor:
-    """The cardinal B-spline ``N(v)`` (or ``dN/dv``) elementwise; ``v = u - j`` for basis j.
-
-    No scatter, so torch.compile fuses it into one loop; the symmetric pieces in ``s = |v - c|``
-    (:func:`kanlib.bspline.symmetric_bspline_pieces`) halve the polynomial work.
-    """
-    half, bounds, vals, dvals = pieces
-    d = v - half
-    s = d.abs()
-    coeffs = dvals if derivative else vals
-    out = torch.zeros_like(s)
-    for q in reversed(range(len(bounds))):
-        out = torch.where(s < bounds[q], _horner(s, coeffs[q]), out)
-    if derivative:
-        out = torch.where(d < 0, -out, out)
-    return out
-
-
-def _fast_features(x, shift, inv_h, cols, poly, with_grad: bool):
-    """Features ``[silu(x_i), B_0(x_i) .. B_{C-1}(x_i)]`` per input from the k + 1 nonzero bases.
-
-    x: ``(batch, in)``; shift, inv_h: ``(in,)`` with ``u = x * inv_h + shift`` the position in knot
-    intervals from the first knot; cols: ``(G + 2k + 2, k + 1)`` from
-    :func:`kanlib.bspline.uniform_bspline_tables`; poly: ``(k + 1, 2k + 2)`` from
-    :func:`kanlib.bspline.local_bspline_poly`. Returns ``(feats, col, dvals)``: feats
-    ``(batch, in, 1 + C)``; col ``(batch, in, k + 1)`` the column of each nonzero basis (0 for
-    bases that do not exist); dvals ``(batch, in, k + 1)`` their d/du (only when ``with_grad``).
-    """
-    batch, n_in = x.shape
-    k1 = poly.shape[0]
-    n_coeff = cols.shape[0] - k1 - 1  # rows = G + 2k + 2 and C = G + k
-    u = torch.addcmul(shift, x, inv_h)  # (batch, in)
-    m = torch.floor(u)
-    t = u - m  # fractional position in [0, 1)
-    mi = (m + 1).clamp_(0, cols.shape[0] - 1).to(torch.int64).view(-1)  # (batch * in,) interval index
-    col = cols.index_select(0, mi).view(batch, n_in, k1)  # (batch, in, k + 1)
-    powers = [torch.ones_like(t), t]
-    for _ in range(2, k1):
-        powers.append(powers[-1] * t)
-    pw = torch.stack(powers[:k1], 0).view(k1, -1)  # (k + 1, batch * in), contiguous rows
-    vd = pw.t() @ (poly if with_grad else poly[:, :k1])  # (batch * in, k + 1 [+ k + 1])
-    vd = vd.view(batch, n_in, -1)
-    feats = x.new_zeros(batch, n_in, 1 + n_coeff)
-    feats.scatter_(-1, col, vd[..., :k1])  # missing bases land in column 0 ...
-    feats[..., 0] = F.silu(x)  # ... which silu(x) overwrites
-    return feats, col, (vd[..., k1:] if with_grad else None)
-
-
-def _pointwise_features(x, shift, inv_h, n_coeff: int, pieces):
-    """``(batch, 1 + C, in)`` features ``[silu(x), B_0(x) .. B_{C-1}(x)]`` written pointwise (for compile).
-
-    Coefficient-major, so the innermost loop runs over the inputs and vectorises.
-    """
-    u = torch.addcmul(shift, x, inv_h).unsqueeze(1)  # (batch, 1, in)
-    v = u - torch.arange(n_coeff, device=x.device, dtype=x.dtype).unsqueeze(-1)  # (batch, C, in)
-    return torch.cat([F.silu(x).unsqueeze(1), _symmetric_pieces(v, pieces, False)], dim=1)
-
-
-def _pointwise_grad_x(gf, x, shift, inv_h, n_coeff: int, pieces):
-    """``(batch, in)`` d loss / dx from ``gf = d loss / d features: (batch, 1 + C, in)`` (for compile)."""
-    u = torch.addcmul(shift, x, inv_h).unsqueeze(1)
-    v = u - torch.arange(n_coeff, device=x.device, dtype=x.dtype).unsqueeze(-1)  # (batch, C, in)
-    g_u = (gf[:, 1:] * _symmetric_pieces(v, pieces, True)).sum(1)  # (batch, in): d loss / du
-    sig = torch.sigmoid(x)
-    return gf[:, 0] * (sig * (1 + x * (1 - sig))) + g_u * inv_h
-
-
-def _pointwise_features_and_grad_x(gf, x, shift, inv_h, n_coeff: int, pieces):
-    """Both :func:`_pointwise_features` and :func:`_pointwise_grad_x` in one fused pass (for compile)."""
-    return (_pointwise_features(x, shift, inv_h, n_coeff, pieces),
-            _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, pieces))
-
-
-def _weight_grads(gw, spline_weight, spline_scaler):
-    """Gradients of base weight, spline weight and scale from ``gw: (out, 1 + C, in)`` (for compile).
-
-    gw is the gradient of the coefficient-major fused weight; returns ``(out, in)``,
-    ``(out, in, C)`` and ``(out, in)`` tensors, contiguous in the parameters' layout.
-    """
-    g_scaled = gw[:, 1:].transpose(1, 2)  # (out, in, C)
-    return (gw[:, 0].contiguous(), (g_scaled * spline_scaler.unsqueeze(-1)).contiguous(),
-            (g_scaled * spline_weight).sum(-1))
-
-
-def _small_out_forward(x, shift, inv_h, n_coeff: int, pieces, w3):
-    """``(batch, out)`` for a layer with few outputs, features never materialised (for compile).
-
-    w3: ``(out, 1 + C, in)`` coefficient-major fused weight. For ``out`` of 1 or 2 the GEMM is
-    a matrix-vector product, bound by writing and reading the ``(batch, 1 + C, in)`` features;
-    fusing their computation into the reduction avoids that traffic.
-    """
-    f = _pointwise_features(x, shift, inv_h, n_coeff, pieces)  # (batch, 1 + C, in), fused away
-    return (f.unsqueeze(1) * w3).sum((2, 3))
-
-
-def _small_out_grad_x(g, w3, x, shift, inv_h, n_coeff: int, pieces):
-    """``(batch, in)`` d loss / dx for a few-output layer; g: ``(batch, out)`` (for compile)."""
-    gf = (g[:, :, None, None] * w3).sum(1)  # (batch, 1 + C, in), fused away
-    return _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, pieces)
-
-
-def _small_out_grad_w(g, x, shift, inv_h, n_coeff: int, pieces):
-    """``(out, 1 + C, in)`` d loss / d fused weight for a few-output layer (for compile)."""
-    f = _pointwise_features(x, shift, inv_h, n_coeff, pieces)
-    return (g[:, :, None, None] * f.unsqueeze(1)).sum(0)
-
-
-# Layers with at most this many outputs use the fused matrix-vector kernels above when compiled.
-SMALL_OUT = 2
-
-_COMPILED: dict = {}
-
-
-def _compiled(fn):
-    """``torch.compile(fn)``, or ``None`` when torch.compile is unavailable or failed before."""
-    if fn not in _COMPILED:
-        try:
-            # Static shapes: about 8% faster than dynamic ones here. Each (batch, layer shape) compiles
-            # once; past torch._dynamo.config.recompile_limit (default 8) new shapes run eagerly.
-            _COMPILED[fn] = torch.compile(fn, dynamic=False)
-        except Exception as e:  # e.g. a build of torch without dynamo
-            warnings.warn(f"torch.compile unavailable ({e}); the fast KAN path runs eagerly")
-            _COMPILED[fn] = None
-    return _COMPILED[fn]
-
-
-def _run_compiled(fn, *args):
-    """Run the compiled ``fn``; on a compile/runtime failure disable it and return ``None``."""
-    cfn = _compiled(fn)
-    if cfn is None:
-        return None
-    try:
-        return cfn(*args)
-    except Exception as e:  # e.g. no C++ compiler for inductor: fall back to eager, once
-        warnings.warn(f"torch.compile of {fn.__name__} failed ({type(e).__name__}: {e}); "
-                      "the fast KAN path runs eagerly")
-        _COMPILED[fn] = None
-        return None
-
-
-def _call(fn, *args):
-    """``fn(*args)`` compiled when possible, else eagerly (same result, slower)."""
-    out = _run_compiled(fn, *args)
-    return fn(*args) if out is None else out
-
-
-class _FastKANFunction(torch.autograd.Function):
-    """Fused exact KAN layer on a uniform grid; saves x, the fused weight and the parameters.
-
-    forward: ``y = [silu(x), B(x)] @ [W_base, W_spline * scale]^T`` as one GEMM. backward
-    recomputes the features (cheap: k + 1 nonzeros per input) instead of keeping the
-    ``(batch, in, coeff)`` basis alive between forward and backward. The fused weight
-    ``(out, in * (1 + C))`` is saved: parameter-sized, independent of the batch.
-    ``compiled``: build the features and d/dx with torch.compile'd pointwise kernels
-    (:func:`_pointwise_features`, :func:`_pointwise_grad_x`) instead of the eager scatter/gather.
-    """
-
-    @staticmethod
-    def forward(ctx, x, base_weight, spline_weight, spline_scaler, shift, inv_h, cols, poly, gemm_dtype,
-                pieces, compiled):
-        n_out, n_in, n_coeff = spline_weight.shape
-        small = compiled and n_out <= SMALL_OUT
-        y = feats = None
-        if small:
-            w = _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major=True)
-            y = _run_compiled(_small_out_forward, x, shift, inv_h, n_coeff, pieces, w.view(n_out, -1, n_in))
-            small = y is not None
-            if small:
-                y = y.to(gemm_dtype)  # computed in x's dtype; match what the GEMM would return
-        elif compiled:  # (batch, 1 + C, in) coefficient-major
-            feats = _run_compiled(_pointwise_features, x, shift, inv_h, n_coeff, pieces)
-        compiled = small or feats is not None
-        if y is None:
-            if feats is None:  # eager: (batch, in, 1 + C)
-                feats, _, _ = _fast_features(x, shift, inv_h, cols, poly, with_grad=False)
-            w = _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major=compiled).to(gemm_dtype)
-            y = feats.view(x.shape[0], -1).to(gemm_dtype) @ w.t()  # (batch, out)
-        ctx.save_for_backward(x, w, spline_weight, spline_scaler, shift, inv_h, cols, poly)
-        ctx.gemm_dtype, ctx.pieces, ctx.compiled, ctx.small = gemm_dtype, pieces, compiled, small
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        x, w, spline_weight, spline_scaler, shift, inv_h, cols, poly = ctx.saved_tensors
-        gdt = ctx.gemm_dtype
-        n_out, n_in, n_coeff = spline_weight.shape
-        grad_y = grad_y.to(gdt)  # (batch, out)
-        need_x = ctx.needs_input_grad[0]
-        grad_x = grad_base = grad_spline = grad_scaler = None
-        feats = gw = None
-        if ctx.small:  # fused matrix-vector kernels, features never materialised
-            g = grad_y.to(x.dtype)
-            if need_x:
-                grad_x = _call(_small_out_grad_x, g, w.view(n_out, -1, n_in), x, shift, inv_h, n_coeff, ctx.pieces)
-            if any(ctx.needs_input_grad[1:4]):
-                gw = _call(_small_out_grad_w, g, x, shift, inv_h, n_coeff, ctx.pieces).to(spline_weight.dtype)
-        elif ctx.compiled:  # same layout as forward
-            if need_x:
-                gf = (grad_y @ w).to(x.dtype).view(-1, 1 + n_coeff, n_in)  # (batch, 1 + C, in)
-                feats, grad_x = _call(_pointwise_features_and_grad_x, gf, x, shift, inv_h, n_coeff, ctx.pieces)
-            else:
-                feats = _call(_pointwise_features, x, shift, inv_h, n_coeff, ctx.pieces)
-        else:
-            feats, col, dvals = _fast_features(x, shift, inv_h, cols, poly, with_grad=need_x)
-            if need_x:
-                gf = (grad_y @ w).to(x.dtype).view(-1, n_in, 1 + n_coeff)  # (batch, in, 1 + C)
-                grad_x = torch.ops.aten.silu_backward(gf[..., 0], x)  # (batch, in)
-                gf[..., 0] = 0  # bases that do not exist point at column 0: they must gather 0
-                g_u = (torch.gather(gf, -1, col) * dvals).sum(-1)  # (batch, in): d loss / du
-                grad_x = torch.addcmul(grad_x, g_u, inv_h)  # du/dx = inv_h
-        if any(ctx.needs_input_grad[1:4]):
-            if gw is None:
-                gw = (grad_y.t() @ feats.view(x.shape[0], -1).to(gdt)).to(spline_weight.dtype)  # (out, in*(1+C))
-            if ctx.compiled and spline_scaler is not None:
-                # One fused pass back to the parameters' (out, in, C) layout; strided gradients
-                # would make the gradient accumulation slow.
-                grads = _call(_weight_grads, gw.view(n_out, 1 + n_coeff, n_in), spline_weight, spline_scaler)
-                return grad_x, *grads, None, None, None, None, None, None, None
-            if ctx.compiled:
-                gw = gw.view(n_out, 1 + n_coeff, n_in)
-                grad_base, g_scaled = gw[:, 0].contiguous(), gw[:, 1:].transpose(1, 2).contiguous()
-            else:
-                gw = gw.view(n_out, n_in, 1 + n_coeff)
-                grad_base, g_scaled = gw[..., 0], gw[..., 1:]
-            # g_scaled: (out, in, C), the gradient of the scaled coefficients
-            if spline_scaler is None:
-                grad_spline = g_scaled
-            else:
-                if ctx.needs_input_grad[2]:
-                    grad_spline = g_scaled * spline_scaler.unsqueeze(-1)
-                if ctx.needs_input_grad[3]:
-                    grad_scaler = torch.linalg.vecdot(g_scaled, spline_weight)  # (out, in)
-        return grad_x, grad_base, grad_spline, grad_scaler, None, None, None, None, None, None, None
-
-
-class KANLinear(nn.Module):
+class KANLinear(_Layer):
     """Exact B-spline KAN layer: ``y = silu(x) @ W_base^T + B(x) @ (W_spline * scale)^T``.
 
     Each edge (i -> o) carries ``w_base[o, i] * silu(x_i) + scale[o, i] * sum_j c[o, i, j] B_j(x_i)``
-    with ``B_j`` the order-``spline_order`` B-splines on a uniform grid of ``grid_size``
-    intervals on ``grid_range``, extended by ``spline_order`` knots on each side. The grid is a
-    registered buffer (DDP broadcasts it, ``state_dict`` saves it).
+    with ``B_j`` the order-``spline_order`` B-splines on a uniform grid of ``grid_size`` intervals on
+    ``grid_range``, extended by ``spline_order`` knots on each side. The grid is a registered buffer
+    (``state_dict`` saves it). DDP does not need to broadcast it (the trainer sets
+    ``broadcast_buffers=False``): it changes only in grid updates, which leave every rank equal.
 
-    ``impl="reference"`` evaluates the basis by the Cox-de Boor recursion over all knots and
-    runs two GEMMs. ``impl="fast"`` computes the same function exactly (same outputs and
-    gradients to float rounding) with the closed form of uniform B-splines (k + 1 nonzero bases
-    per input), one fused GEMM over ``[silu(x), basis]`` and a custom autograd function that
-    saves only x, the parameters and the fused ``(out, in * (1 + coeff))`` weight, rebuilding
-    the basis in backward. ``compile_basis=True`` (fast only) builds the basis and its
-    derivative with torch.compile'd pointwise kernels, and fuses layers of at most
-    ``SMALL_OUT`` outputs into matrix-vector kernels; it is the fastest path after a one-off
-    compilation per layer shape, and runs eagerly (with a warning) where torch.compile fails.
+    ``impl`` picks how the layer computes, always the same function:
 
-    The closed form needs a uniform grid per input: the initial grid, or one refit by
-    :meth:`update_grid` with ``grid_eps=1`` (per-input ranges are fine). With ``grid_eps < 1``
-    the refit grid is non-uniform and the fast path falls back to the reference computation
-    (``grid_is_uniform`` says which). Under bf16/fp16 autocast the basis is computed in float32
-    and only the GEMMs run in the autocast dtype.
+    - ``"compiled"`` (default): the closed form of uniform B-splines with torch.compile'd pointwise
+      kernels (:mod:`kanlib.fast_kan`), the fastest exact path after a one-off compilation per layer
+      shape (cached on disk across processes by inductor). Where torch.compile cannot run it falls
+      back to ``"fast"`` with one warning per process.
+    - ``"fast"``: the same closed form in eager PyTorch (k + 1 nonzero bases per input, one scatter, one
+      fused GEMM over ``[silu(x), basis]``); for platforms without a compiler.
+    - ``"reference"``: the Cox-de Boor recursion over all knots and two GEMMs; the readable definition.
 
-    x: ``(batch, in_features)`` -> ``(batch, out_features)``.
+    The fast paths save only x and parameter-sized tensors for backward (the basis is rebuilt there).
+    They need a grid uniform to within its dtype's rounding (:func:`kanlib.fast_kan.uniform_grid`):
+    the initial grid, or one refit by :meth:`update_grid` with ``grid_eps=1``. Otherwise (``grid_eps < 1``,
+    hand-edited knots, a float32 grid cast to float64) the layer runs the reference computation;
+    :func:`kernel_paths` reports what actually ran. Under bf16/fp16 autocast the basis is computed in
+    float32 and only the GEMMs run in the autocast dtype. Non-finite inputs give non-finite outputs.
+
+    x: ``(..., in_features)`` -> ``(..., out_features)``.
     """
 
     def __init__(self, in_features: int, out_features: int, grid_size: int = 5,
                  spline_order: int = 3, grid_range: tuple[float, float] = (-1.0, 1.0),
                  scale_noise: float = 0.1, scale_base: float = 1.0, scale_spline: float = 1.0,
-                 standalone_scale_spline: bool = True, impl: str = "reference", grid_eps: float = 0.02,
-                 compile_basis: bool = False):
+                 standalone_scale_spline: bool = True, impl: str = "compiled", grid_eps: float = 0.02):
         super().__init__()
         if in_features <= 0 or out_features <= 0:
             raise ValueError(f"in_features and out_features must be positive, got {in_features}, {out_features}")
@@ -353,19 +103,10 @@ class KANLinear(nn.Module):
         self.spline_order = spline_order
         self.impl = impl
         self.grid_eps = grid_eps
-        self.compile_basis = compile_basis
         self.register_buffer("grid", make_grid(in_features, grid_size, spline_order, grid_range))
-        # Closed-form parameters of a uniform grid; derived from ``grid`` by refresh_grid().
-        # u = x * inv_h + shift is the position of x in knot intervals from the first knot.
-        self.register_buffer("shift", torch.zeros(in_features), persistent=False)
-        self.register_buffer("inv_h", torch.ones(in_features), persistent=False)
-        cols, _ = uniform_bspline_tables(grid_size, spline_order)
-        self.register_buffer("_cols", cols, persistent=False)  # (G + 2k + 2, k + 1) int64
-        self.register_buffer("_poly", local_bspline_poly(spline_order).float(), persistent=False)
-        # The same splines as symmetric pieces with Python-float coefficients (compile constants).
-        half, bounds, vals, dvals = symmetric_bspline_pieces(spline_order)
-        self._pieces = (half, tuple(bounds), tuple(map(tuple, vals)), tuple(map(tuple, dvals)))
-        self.grid_is_uniform = False
+        self.paths_run: set[str] = set()  # kernel paths executed since construction / reset_kernel_paths
+        self._uniform: fast_kan.UniformGrid | None = None
+        self._grid_seen = None
         self.refresh_grid()
         self.register_load_state_dict_post_hook(lambda module, _keys: module.refresh_grid())
         n_coeff = grid_size + spline_order
@@ -391,42 +132,53 @@ class KANLinear(nn.Module):
             return self.spline_weight
         return self.spline_weight * self.spline_scaler.unsqueeze(-1)
 
+    @property
+    def grid_is_uniform(self) -> bool:
+        """Whether the grid is uniform to within its dtype's rounding (the fast paths can run)."""
+        self._check_grid()
+        return self._uniform is not None
+
     @torch.no_grad()
     def refresh_grid(self) -> None:
-        """Recompute the uniform-grid flag and closed-form parameters from ``self.grid``.
+        """Recompute the closed-form constants (:class:`kanlib.fast_kan.UniformGrid`) from ``self.grid``.
 
-        Called by ``__init__``, :meth:`update_grid` and ``load_state_dict``; call it yourself
-        after writing to ``self.grid`` in any other way.
+        Called by ``__init__``, :meth:`update_grid`, ``load_state_dict`` and ``.to()``; an in-place write
+        to ``self.grid`` is also noticed (by its version counter) at the next forward.
         """
-        params = grid_uniform_params(self.grid)
-        self.grid_is_uniform = params is not None
-        self._poly.copy_(local_bspline_poly(self.spline_order))  # from float64, into the buffer's dtype
-        if params is not None:
-            knot0, inv_h = params  # float64
-            self.shift.copy_(-knot0 * inv_h)
-            self.inv_h.copy_(inv_h)
+        self._uniform = fast_kan.uniform_grid(self.grid, self.spline_order)
+        self._grid_seen = (self.grid.data_ptr(), self.grid._version)
+
+    def _check_grid(self) -> None:
+        if self._grid_seen != (self.grid.data_ptr(), self.grid._version):
+            self.refresh_grid()
 
     def _apply(self, fn, recurse=True):
-        # .to(dtype/device) casts the cached closed-form buffers too; recompute them from the grid
-        # so a float64 layer gets float64-accurate knot positions.
+        # .to(dtype/device) moves the grid: recompute the constants from it, in its new dtype.
         out = super()._apply(fn, recurse)
         self.refresh_grid()
         return out
 
     def basis(self, x: torch.Tensor) -> torch.Tensor:
-        """x: ``(batch, in)`` -> ``(batch, in, grid_size + spline_order)``, in float32 for half inputs."""
+        """x: ``(batch, in)`` -> ``(batch, in, grid_size + spline_order)`` by the reference recursion,
+        in float32 for half inputs."""
         return bspline_basis(x.to(_compute_dtype(x)), self.grid, self.spline_order)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"expected (..., {self.in_features}) input, got {tuple(x.shape)}")
-        lead = x.shape[:-1]
-        x = x.reshape(-1, self.in_features).to(_compute_dtype(x))  # bases in >= float32
-        if self.impl == "fast" and self.grid_is_uniform:
-            y = self._forward_fast(x)
-        else:
-            y = self._forward_reference(x)
-        return y.reshape(*lead, self.out_features)
+    def forward_2d(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``(batch, in)`` -> ``(batch, out)`` by the path ``impl`` asks for, where it can run."""
+        x = x.to(_compute_dtype(x))  # bases in >= float32
+        self._check_grid()
+        grid = self._uniform
+        if self.impl == "reference" or grid is None:
+            self.paths_run.add("reference")
+            return self._forward_reference(x)
+        if grid.shift.dtype != x.dtype or grid.shift.device != x.device:
+            grid = grid._replace(shift=grid.shift.to(x), inv_h=grid.inv_h.to(x), cols=grid.cols.to(x.device))
+        gemm_dtype = _autocast_dtype(x.device.type) or x.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            return fast_kan.kan_linear(
+                x, self.base_weight.to(x.dtype), self.spline_weight.to(x.dtype),
+                None if self.spline_scaler is None else self.spline_scaler.to(x.dtype),
+                grid, self.impl, self.paths_run, gemm_dtype)
 
     def _forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """x: ``(batch, in)`` -> ``(batch, out)``; the readable two-GEMM form."""
@@ -434,17 +186,6 @@ class KANLinear(nn.Module):
         spline = F.linear(self.basis(x).flatten(1),  # (batch, in * coeff)
                           self.scaled_spline_weight.flatten(1))  # (batch, out)
         return base + spline
-
-    def _forward_fast(self, x: torch.Tensor) -> torch.Tensor:
-        """x: ``(batch, in)`` -> ``(batch, out)``; closed-form basis, one fused GEMM."""
-        gemm_dtype = _autocast_dtype(x.device.type) or x.dtype
-        w_dtype = x.dtype
-        with torch.autocast(x.device.type, enabled=False):
-            return _FastKANFunction.apply(
-                x, self.base_weight.to(w_dtype), self.spline_weight.to(w_dtype),
-                None if self.spline_scaler is None else self.spline_scaler.to(w_dtype),
-                self.shift.to(x.dtype), self.inv_h.to(x.dtype), self._cols, self._poly.to(x.dtype),
-                gemm_dtype, self._pieces, self.compile_basis)
 
     @torch.no_grad()
     def update_grid(self, x: torch.Tensor, margin: float = 0.01) -> None:
@@ -502,34 +243,7 @@ class KANLinear(nn.Module):
                 f"grid_size={self.grid_size}, spline_order={self.spline_order}, impl={self.impl!r}")
 
 
-class KAN(nn.Module):
-    """A stack of KAN layers. ``widths = [in, hidden..., out]``; x: ``(batch, in)`` -> ``(batch, out)``."""
-
-    def __init__(self, widths, grid_size: int = 5, spline_order: int = 3,
-                 grid_range: tuple[float, float] = (-1.0, 1.0), layer=KANLinear, **layer_kwargs):
-        super().__init__()
-        widths = list(widths)
-        if len(widths) < 2:
-            raise ValueError(f"widths needs at least 2 entries, got {widths}")
-        self.widths = widths
-        self.layers = nn.ModuleList(
-            layer(a, b, grid_size=grid_size, spline_order=spline_order, grid_range=grid_range, **layer_kwargs)
-            for a, b in zip(widths, widths[1:]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-    @torch.no_grad()
-    def update_grid(self, x: torch.Tensor, margin: float = 0.01) -> None:
-        """Refit every layer's grid to the inputs it sees for ``x: (batch, in)``, layer by layer."""
-        for layer in self.layers:
-            layer.update_grid(x, margin)
-            x = layer(x)
-
-
-class RBFKANLinear(nn.Module):
+class RBFKANLinear(_Layer):
     """FastKAN-style layer: Gaussian RBFs instead of B-splines, plus the SiLU base branch.
 
     ``y = [silu(x), phi(x)] @ [W_base, W_rbf]^T + bias`` with
@@ -537,7 +251,7 @@ class RBFKANLinear(nn.Module):
     ``grid_range`` and ``h`` their spacing (FastKAN's choice). The base and RBF branches share
     one GEMM. The RBFs are computed in float32 under autocast.
 
-    x: ``(batch, in_features)`` -> ``(batch, out_features)``.
+    x: ``(..., in_features)`` -> ``(..., out_features)``.
     """
 
     def __init__(self, in_features: int, out_features: int, num_centers: int = 8,
@@ -571,28 +285,25 @@ class RBFKANLinear(nn.Module):
         # clamp first: exp must not produce denormals either (slow, and they would be discarded).
         return torch.where(d2 < self.RBF_CUTOFF, torch.exp(-d2.clamp(max=self.RBF_CUTOFF)), 0.0)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"expected (..., {self.in_features}) input, got {tuple(x.shape)}")
-        lead = x.shape[:-1]
-        x = x.reshape(-1, self.in_features).to(_compute_dtype(x))
+    def forward_2d(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``(batch, in)`` -> ``(batch, out)``."""
+        x = x.to(_compute_dtype(x))
         feats = torch.cat([F.silu(x).unsqueeze(-1), self.basis(x)], dim=-1)  # (batch, in, 1 + n)
         w = torch.cat([self.base_weight.unsqueeze(-1), self.rbf_weight], dim=-1)  # (out, in, 1 + n)
-        y = F.linear(feats.flatten(1), w.flatten(1), self.bias)  # (batch, out)
-        return y.reshape(*lead, self.out_features)
+        return F.linear(feats.flatten(1), w.flatten(1), self.bias)  # (batch, out)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, num_centers={self.num_centers}"
 
 
-class ChebyKANLinear(nn.Module):
+class ChebyKANLinear(_Layer):
     """ChebyKAN-style layer: Chebyshev polynomials of ``tanh(x)`` up to ``degree``.
 
     ``y[o] = sum_i sum_{d=0..degree} c[o, i, d] T_d(tanh(x_i))``, ``T_d`` by the recurrence
     ``T_{d+1} = 2 t T_d - T_{d-1}`` (no arccos, so gradients stay finite where tanh saturates).
     ``T_0 = 1`` makes a separate bias unnecessary. Computed in float32 under autocast.
 
-    x: ``(batch, in_features)`` -> ``(batch, out_features)``.
+    x: ``(..., in_features)`` -> ``(..., out_features)``.
     """
 
     def __init__(self, in_features: int, out_features: int, degree: int = 7):
@@ -614,65 +325,76 @@ class ChebyKANLinear(nn.Module):
             polys.append(2 * t * polys[-1] - polys[-2])
         return torch.stack(polys, dim=-1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"expected (..., {self.in_features}) input, got {tuple(x.shape)}")
-        lead = x.shape[:-1]
-        x = x.reshape(-1, self.in_features)
-        y = F.linear(self.basis(x).flatten(1), self.cheb_weight.flatten(1))  # (batch, out)
-        return y.reshape(*lead, self.out_features)
+    def forward_2d(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``(batch, in)`` -> ``(batch, out)``."""
+        return F.linear(self.basis(x).flatten(1), self.cheb_weight.flatten(1))  # (batch, out)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, degree={self.degree}"
 
 
 class _LayerStack(nn.Module):
-    def __init__(self, widths, make_layer):
+    """Layers ``make_layer(widths[i], widths[i + 1])`` applied in turn, ``activation`` between them.
+
+    ``widths = [in, hidden..., out]``; x: ``(..., in)`` -> ``(..., out)``. The base of :class:`KAN`,
+    :class:`RBFKAN`, :class:`ChebyKAN` and :class:`MLP`.
+    """
+
+    def __init__(self, widths, make_layer, activation=None):
         super().__init__()
-        widths = list(widths)
+        widths = [int(w) for w in widths]
         if len(widths) < 2:
             raise ValueError(f"widths needs at least 2 entries, got {widths}")
         self.widths = widths
         self.layers = nn.ModuleList(make_layer(a, b) for a, b in zip(widths, widths[1:]))
+        self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            if i and self.activation is not None:
+                x = self.activation(x)
             x = layer(x)
         return x
 
 
+class KAN(_LayerStack):
+    """A stack of :class:`KANLinear`. ``widths = [in, hidden..., out]``; x: ``(..., in)`` -> ``(..., out)``.
+
+    ``layer_kwargs`` go to every layer (``impl``, ``grid_eps``, ``scale_noise``, ...).
+    """
+
+    def __init__(self, widths, grid_size: int = 5, spline_order: int = 3,
+                 grid_range: tuple[float, float] = (-1.0, 1.0), **layer_kwargs):
+        super().__init__(widths, lambda a, b: KANLinear(a, b, grid_size=grid_size, spline_order=spline_order,
+                                                        grid_range=grid_range, **layer_kwargs))
+
+    @torch.no_grad()
+    def update_grid(self, x: torch.Tensor, margin: float = 0.01) -> None:
+        """Refit every layer's grid to the inputs it sees for ``x: (batch, in)``, layer by layer."""
+        for layer in self.layers:
+            layer.update_grid(x, margin)
+            x = layer(x)
+
+
 class RBFKAN(_LayerStack):
-    """A stack of :class:`RBFKANLinear`. x: ``(batch, widths[0])`` -> ``(batch, widths[-1])``."""
+    """A stack of :class:`RBFKANLinear`. x: ``(..., widths[0])`` -> ``(..., widths[-1])``."""
 
     def __init__(self, widths, num_centers: int = 8, grid_range: tuple[float, float] = (-1.0, 1.0)):
         super().__init__(widths, lambda a, b: RBFKANLinear(a, b, num_centers, grid_range))
 
 
 class ChebyKAN(_LayerStack):
-    """A stack of :class:`ChebyKANLinear`. x: ``(batch, widths[0])`` -> ``(batch, widths[-1])``."""
+    """A stack of :class:`ChebyKANLinear`. x: ``(..., widths[0])`` -> ``(..., widths[-1])``."""
 
     def __init__(self, widths, degree: int = 7):
         super().__init__(widths, lambda a, b: ChebyKANLinear(a, b, degree))
 
 
-class MLP(nn.Module):
-    """Plain MLP baseline: Linear layers with SiLU between them. x: ``(batch, in)`` -> ``(batch, out)``."""
+class MLP(_LayerStack):
+    """Plain MLP baseline: Linear layers with SiLU between them. x: ``(..., in)`` -> ``(..., out)``."""
 
     def __init__(self, widths):
-        super().__init__()
-        widths = list(widths)
-        if len(widths) < 2:
-            raise ValueError(f"widths needs at least 2 entries, got {widths}")
-        self.widths = widths
-        mods: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(widths, widths[1:])):
-            mods.append(nn.Linear(a, b))
-            if i < len(widths) - 2:
-                mods.append(nn.SiLU())
-        self.net = nn.Sequential(*mods)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        super().__init__(widths, nn.Linear, activation=nn.SiLU())
 
 
 def count_params(model: nn.Module) -> int:
@@ -724,17 +446,16 @@ def matched_mlp(kan_model_or_widths, grid_size: int = 5, spline_order: int = 3) 
 def build_model(cfg) -> nn.Module:
     """The model a :class:`kanlib.config.RunConfig` asks for.
 
-    kan: B-spline :class:`KAN` with ``cfg.kan_impl`` (compiled = fast with compiled basis kernels); kan_rbf: :class:`RBFKAN` with
-    ``grid_size + spline_order`` centres on ``grid_range``; kan_cheb: :class:`ChebyKAN` of degree
-    ``grid_size + spline_order - 1``. Both variants thus carry the B-spline KAN's number of
-    coefficients per edge.
+    kan: B-spline :class:`KAN` with ``impl=cfg.kan_impl`` (the same strings) and ``cfg.grid_eps``;
+    kan_rbf: :class:`RBFKAN` with ``grid_size + spline_order`` centres on ``grid_range``; kan_cheb:
+    :class:`ChebyKAN` of degree ``grid_size + spline_order - 1``. Both variants thus carry the B-spline
+    KAN's number of coefficients per edge.
     """
     if cfg.model == "mlp":
         return MLP(cfg.widths)
     if cfg.model == "kan":
-        impl = "fast" if cfg.kan_impl == "compiled" else cfg.kan_impl
-        return KAN(cfg.widths, cfg.grid_size, cfg.spline_order, cfg.grid_range, impl=impl,
-                   compile_basis=cfg.kan_impl == "compiled", grid_eps=cfg.grid_eps)
+        return KAN(cfg.widths, cfg.grid_size, cfg.spline_order, cfg.grid_range, impl=cfg.kan_impl,
+                   grid_eps=cfg.grid_eps)
     if cfg.model == "kan_rbf":
         return RBFKAN(cfg.widths, cfg.grid_size + cfg.spline_order, cfg.grid_range)
     if cfg.model == "kan_cheb":
@@ -790,22 +511,30 @@ def update_grid_distributed(model: nn.Module, x: torch.Tensor, margin: float = 0
 
 
 def kernel_paths(model: nn.Module) -> list[str]:
-    """The B-spline kernel paths the KAN layers of ``model`` run (sorted; empty for other models):
-    ``compiled``, ``fast`` (closed form, eager) or ``reference``."""
-    paths = set()
+    """The B-spline kernel paths the KAN layers of ``model`` actually executed, forward or backward,
+    since construction or :func:`reset_kernel_paths`: a sorted subset of ``["compiled", "fast",
+    "reference"]`` (empty for models without :class:`KANLinear` or before the first forward).
+
+    "compiled" means torch.compile'd kernels ran; "fast" the eager closed form (asked for, or the
+    fallback where torch.compile failed); "reference" the Cox-de Boor path (asked for, or a grid that
+    is not uniform, e.g. after a grid update with ``grid_eps < 1``).
+    """
+    return sorted(set().union(*(m.paths_run for m in model.modules() if isinstance(m, KANLinear))))
+
+
+def reset_kernel_paths(model: nn.Module) -> None:
+    """Forget the paths :func:`kernel_paths` reports (e.g. after a warm-up, or to watch one step)."""
     for m in model.modules():
         if isinstance(m, KANLinear):
-            if m.impl == "reference" or not m.grid_is_uniform:
-                paths.add("reference")
-            elif m.compile_basis and all(v is not None for v in _COMPILED.values()):
-                paths.add("compiled")
-            else:
-                paths.add("fast")
-    return sorted(paths)
+            m.paths_run.clear()
 
 
 def compile_seconds() -> float:
-    """Seconds this process has spent in torch.compile (dynamo's own accounting; 0 without compile)."""
+    """Seconds this process has spent in torch.compile (dynamo's own accounting; 0 without compile).
+
+    With a warm inductor cache (``TORCHINDUCTOR_CACHE_DIR``, FX graph and AOTAutograd caches on by
+    default) this is dynamo's tracing plus cache loads, not a full compilation.
+    """
     try:
         from torch._dynamo.utils import compilation_time_metrics
     except ImportError:

@@ -1,23 +1,42 @@
-"""The fast exact KAN path computes the reference function: values, gradients, fallbacks, bf16."""
+"""The fast exact KAN paths compute the reference function: values, gradients, exactness, fallbacks, NaN, bf16."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
-from kanlib.bspline import bspline_basis, make_grid, uniform_bspline_basis
+from kanlib import fast_kan
+from kanlib.bspline import bspline_basis, make_grid
 from kanlib.config import RunConfig
-from kanlib.model import KAN, KANLinear, build_model
+from kanlib.model import KAN, KANLinear, build_model, kernel_paths, reset_kernel_paths
+
+REPO = Path(__file__).resolve().parents[1]
+FAST_IMPLS = ["fast", "compiled"]
 
 
-def _pair(in_f, out_f, grid_size, order, dtype=torch.float32, grid_range=(-1.0, 1.0)):
+@pytest.fixture
+def fresh_dynamo():
+    """An empty dynamo cache, so earlier tests' shapes do not count towards its recompile limit."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _pair(in_f, out_f, grid_size, order, dtype=torch.float32, grid_range=(-1.0, 1.0), impl="fast"):
     torch.manual_seed(grid_size * 10 + order)
     ref = KANLinear(in_f, out_f, grid_size, order, grid_range=grid_range, impl="reference").to(dtype)
-    # Coefficients of order one, so the spline branch is not drowned by the base branch.
+    # Coefficients of order one, so the spline branch is not drowned by the base branch; the grid
+    # made in the layer's dtype, as a layer constructed in that dtype would hold it.
     with torch.no_grad():
         ref.spline_weight.uniform_(-1, 1)
-        ref.grid.copy_(make_grid(in_f, grid_size, order, grid_range, dtype=torch.float64))
-    fast = KANLinear(in_f, out_f, grid_size, order, grid_range=grid_range, impl="fast").to(dtype)
+        ref.grid.copy_(make_grid(in_f, grid_size, order, grid_range, dtype=dtype))
+    fast = KANLinear(in_f, out_f, grid_size, order, grid_range=grid_range, impl=impl).to(dtype)
     fast.load_state_dict(ref.state_dict())
     return ref, fast
 
@@ -28,82 +47,116 @@ def _inputs(batch, in_f, dtype, lo=-1.6, hi=1.6):
     return (torch.rand(batch, in_f, generator=g, dtype=torch.float64) * (hi - lo) + lo).to(dtype)
 
 
+def _grads(model, x, weight=None):
+    x = x.clone().requires_grad_()
+    y = model(x)
+    w = torch.ones_like(y) if weight is None else weight
+    return y, torch.autograd.grad((y * w).sum(), [x, *model.parameters()])
+
+
+def _assert_same(ref, fast, x, rtol, atol, weight=None):
+    yr, gr = _grads(ref, x, weight)
+    yf, gf = _grads(fast, x, weight)
+    torch.testing.assert_close(yf, yr, rtol=rtol, atol=atol)
+    names = ["x"] + [n for n, _ in ref.named_parameters()]
+    for name, a, b in zip(names, gr, gf):
+        torch.testing.assert_close(b, a, rtol=10 * rtol, atol=10 * atol, msg=lambda m: f"grad {name}: {m}")
+
+
 @pytest.mark.parametrize("order", [1, 2, 3])
 @pytest.mark.parametrize("grid_size", list(range(3, 21)))
 def test_fast_matches_reference_values_and_gradients(grid_size, order):
     ref, fast = _pair(3, 4, grid_size, order)
     x = _inputs(96, 3, torch.float32)
-    xr, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
-    yr, yf = ref(xr), fast(xf)
-    torch.testing.assert_close(yf, yr, rtol=1e-5, atol=1e-5)
-    w = torch.randn_like(yr)  # a generic upstream gradient
-    gr = torch.autograd.grad((yr * w).sum(), [xr, *ref.parameters()])
-    gf = torch.autograd.grad((yf * w).sum(), [xf, *fast.parameters()])
-    names = ["x"] + [n for n, _ in ref.named_parameters()]
-    for name, a, b in zip(names, gr, gf):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4, msg=lambda m: f"grad {name}: {m}")
+    _assert_same(ref, fast, x, 1e-5, 1e-5, weight=torch.randn(96, 4, generator=torch.Generator().manual_seed(2)))
+    assert kernel_paths(fast) == ["fast"]
 
 
+@pytest.mark.parametrize("impl", FAST_IMPLS)
 @pytest.mark.parametrize("order", [1, 2, 3])
-def test_fast_matches_reference_in_float64(order):
-    ref, fast = _pair(5, 2, 7, order, dtype=torch.float64, grid_range=(-0.5, 2.0))
-    x = _inputs(200, 5, torch.float64, lo=-2.0, hi=3.0).requires_grad_()
-    yr, yf = ref(x), fast(x)
-    torch.testing.assert_close(yf, yr, rtol=1e-12, atol=1e-12)
-    gr = torch.autograd.grad(yr.sum(), [x, *ref.parameters()])
-    gf = torch.autograd.grad(yf.sum(), [x, *fast.parameters()])
-    for a, b in zip(gr, gf):
-        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10)
+def test_fast_matches_reference_in_float64(order, impl, fresh_dynamo):
+    ref, fast = _pair(5, 2, 7, order, dtype=torch.float64, grid_range=(-0.5, 2.0), impl=impl)
+    x = _inputs(200, 5, torch.float64, lo=-2.0, hi=3.0)
+    _assert_same(ref, fast, x, 1e-12, 1e-12)
+    assert kernel_paths(fast) == [impl] and kernel_paths(ref) == ["reference"]
 
 
-def test_fast_exact_on_knots_and_grid_ends():
-    ref, fast = _pair(1, 3, 5, 3)
+@pytest.mark.parametrize("impl", FAST_IMPLS)
+def test_fast_exact_on_knots_and_grid_ends(impl, fresh_dynamo):
+    ref, fast = _pair(1, 3, 5, 3, impl=impl)
     knots = ref.grid[0]
     x = torch.cat([knots, knots + 1e-4, knots - 1e-4, torch.tensor([-5.0, 5.0])]).unsqueeze(1)
     torch.testing.assert_close(fast(x), ref(x), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("n_out", [4, 1])  # 1: the fused matrix-vector kernels
-def test_compiled_basis_matches_reference(n_out):
-    # compile_basis=True builds the features with torch.compile'd pointwise kernels (or, where
-    # torch.compile cannot run, falls back to eager): the function must not change.
+def test_compiled_matches_reference(n_out, fresh_dynamo):
     ref, _ = _pair(3, n_out, 6, 3)
-    fast = KANLinear(3, n_out, 6, 3, impl="fast", compile_basis=True)
+    fast = KANLinear(3, n_out, 6, 3)  # the default is the compiled path
+    assert fast.impl == "compiled"
     fast.load_state_dict(ref.state_dict())
     x = _inputs(96, 3, torch.float32)
-    xr, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
-    yr, yf = ref(xr), fast(xf)
+    yr, gr = _grads(ref, x, torch.ones(96, n_out))
+    yf, gf = _grads(fast, x, torch.ones(96, n_out))
     torch.testing.assert_close(yf, yr, rtol=1e-5, atol=1e-5)
-    gr = torch.autograd.grad(yr.square().sum(), [xr, *ref.parameters()])
-    gf = torch.autograd.grad(yf.square().sum(), [xf, *fast.parameters()])
     for a, b in zip(gr, gf):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    assert kernel_paths(fast) == ["compiled"]  # forward and backward really ran compiled kernels
 
 
-def test_uniform_basis_matches_cox_de_boor():
+def test_production_basis_matches_cox_de_boor():
     for order in (1, 2, 3, 4):
         grid = make_grid(3, 6, order, (-2.0, 1.0), dtype=torch.float64)
         x = _inputs(300, 3, torch.float64, lo=-4.0, hi=3.0)
-        torch.testing.assert_close(uniform_bspline_basis(x, grid, order), bspline_basis(x, grid, order),
+        ug = fast_kan.uniform_grid(grid, order)
+        torch.testing.assert_close(fast_kan.uniform_basis(x, ug), bspline_basis(x, grid, order),
                                    rtol=1e-12, atol=1e-12)
+        # the compiled kernels' form of the same basis, called eagerly
+        f = fast_kan._pointwise_features(x, ug.shift, ug.inv_h, ug.n_coeff, fast_kan.cardinal_terms(order))
+        torch.testing.assert_close(f[:, 1:].transpose(1, 2), bspline_basis(x, grid, order), rtol=1e-12, atol=1e-12)
 
 
-def test_uniform_basis_rejects_non_uniform_grid():
+def test_uniformity_is_rounding_of_the_grid_dtype():
+    for dtype in (torch.float32, torch.float64):
+        for lo, hi, n, k in [(-1.0, 1.0, 5, 3), (-0.5, 2.0, 7, 1), (0.0, 1e3, 20, 2), (-3e-3, 1e-3, 4, 3)]:
+            assert fast_kan.uniform_grid(make_grid(2, n, k, (lo, hi), dtype=dtype), k) is not None, (dtype, lo, hi)
     grid = make_grid(2, 5, 3)
-    grid[:, 4] += 0.05
-    with pytest.raises(ValueError, match="uniform grid"):
-        uniform_bspline_basis(torch.zeros(4, 2), grid, 3)
+    cell = (grid[0, 1] - grid[0, 0]).item()
+    moved = grid.clone()
+    moved[1, 6] += 0.5e-4 * cell  # passed the old rtol 1e-4 check; gives ~1e-5 from the reference
+    assert fast_kan.uniform_grid(moved, 3) is None
+    assert fast_kan.uniform_grid(grid.double(), 3) is None  # float32 knots are not uniform in float64
+    with pytest.raises(ValueError, match=r"grid must be \(in, G \+ 2k \+ 1\)"):
+        fast_kan.uniform_grid(make_grid(2, 5, 3), 6)
 
 
-def test_non_uniform_grid_falls_back_to_reference():
-    ref, fast = _pair(3, 4, 5, 3)
+@pytest.mark.parametrize("impl", FAST_IMPLS)
+def test_nearly_uniform_grid_runs_the_reference(impl):
+    ref, fast = _pair(3, 4, 5, 3, impl=impl)
     with torch.no_grad():
+        cell = (ref.grid[0, 1] - ref.grid[0, 0]).item()
         for m in (ref, fast):
-            m.grid[:, 6] += 0.07  # an interior knot moves: no longer uniform
-            m.refresh_grid()
+            m.grid[:, 6] += 0.5e-4 * cell  # an in-place write, noticed without refresh_grid()
     assert not fast.grid_is_uniform
     x = _inputs(64, 3, torch.float32)
-    torch.testing.assert_close(fast(x), ref(x), rtol=1e-6, atol=1e-6)
+    assert torch.equal(fast(x), ref(x))  # the very same computation
+    assert kernel_paths(fast) == ["reference"]
+
+
+@pytest.mark.parametrize("impl", FAST_IMPLS)
+def test_float32_grid_cast_to_float64_runs_the_reference(impl):
+    torch.manual_seed(0)
+    ref = KANLinear(3, 2, impl="reference").double()
+    fast = KANLinear(3, 2, impl=impl).double()
+    fast.load_state_dict(ref.state_dict())
+    assert not fast.grid_is_uniform  # knots rounded to float32: the closed form would differ by ~1e-9
+    x = _inputs(50, 3, torch.float64)
+    torch.testing.assert_close(fast(x), ref(x), rtol=0, atol=1e-15)
+    assert kernel_paths(fast) == ["reference"]
+    with torch.no_grad():
+        fast.grid.copy_(make_grid(3, 5, 3, dtype=torch.float64))
+    fast(x)
+    assert kernel_paths(fast) == ["fast", "reference"] if impl == "fast" else ["compiled", "reference"]
 
 
 def test_load_state_dict_refreshes_uniform_flag():
@@ -116,23 +169,60 @@ def test_load_state_dict_refreshes_uniform_flag():
     assert not dst.grid_is_uniform
 
 
+def test_kernel_paths_follow_grid_updates_and_reset(fresh_dynamo):
+    model = KAN([2, 6, 1])
+    x = torch.randn(128, 2)
+    assert kernel_paths(model) == []
+    model(x).sum().backward()
+    assert kernel_paths(model) == ["compiled"]
+    model.update_grid(x)  # grid_eps=0.02: data-adaptive, not uniform
+    reset_kernel_paths(model)
+    assert kernel_paths(model) == []
+    model(x).sum().backward()
+    assert kernel_paths(model) == ["reference"]
+    assert kernel_paths(torch.nn.Linear(2, 2)) == []
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast", "compiled"])
+def test_non_finite_inputs_give_non_finite_outputs(impl, fresh_dynamo):
+    # lr=100 makes activations NaN; casting NaN to an index used to raise IndexError in the fast path.
+    torch.manual_seed(0)
+    model = KAN([3, 8, 4, 1], impl=impl)
+    x = _inputs(16, 3, torch.float32)
+    x[3, 0], x[7, 1], x[11, 2] = float("nan"), float("inf"), float("-inf")
+    x.requires_grad_()
+    y = model(x)
+    bad = torch.zeros(16, dtype=torch.bool)
+    bad[[3, 7, 11]] = True
+    assert not torch.isfinite(y[bad]).any()
+    assert torch.isfinite(y[~bad]).all()  # the other rows are untouched
+    y.sum().backward()
+    assert not torch.isfinite(x.grad[bad]).all(dim=1).any()
+    for name, p in model.named_parameters():
+        assert not torch.isfinite(p.grad).all(), name  # the NaN reaches every weight, and nan_policy
+    big = torch.full((2, 3), 1e30, requires_grad=True)  # finite but far outside every grid
+    model(big).sum().backward()
+    assert big.grad is not None
+
+
 def test_fast_saves_no_basis_for_backward():
-    layer = KANLinear(16, 8, grid_size=10, impl="fast")
-    x = torch.rand(64, 16, requires_grad=True)
-    saved = []
+    for impl in FAST_IMPLS:
+        layer = KANLinear(16, 8, grid_size=10, impl=impl)
+        x = torch.rand(64, 16, requires_grad=True)
+        saved = []
 
-    def pack(t):
-        saved.append(t)
-        return t
+        def pack(t):
+            saved.append(t)
+            return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(x)
-    biggest = max(t.numel() for t in saved)
-    n_coeff = layer.grid_size + layer.spline_order
-    # The reference keeps (batch, in, coeff) tensors; the fast path keeps x, the parameters and
-    # the fused (out, in * (1 + coeff)) weight: nothing that grows with batch * coeff.
-    assert biggest <= max(x.numel(), 8 * 16 * (1 + n_coeff))
-    assert biggest < 64 * 16 * n_coeff
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            layer(x)
+        biggest = max(t.numel() for t in saved)
+        n_coeff = layer.grid_size + layer.spline_order
+        # The reference keeps (batch, in, coeff) tensors; the fast paths keep x, the parameters and
+        # the fused (out, in * (1 + coeff)) weight: nothing that grows with batch * coeff.
+        assert biggest <= max(x.numel(), 8 * 16 * (1 + n_coeff)), impl
+        assert biggest < 64 * 16 * n_coeff, impl
 
 
 def test_bad_impl_and_input_raise():
@@ -140,19 +230,25 @@ def test_bad_impl_and_input_raise():
         KANLinear(2, 3, impl="turbo")
     with pytest.raises(ValueError, match=r"expected \(\.\.\., 2\) input"):
         KANLinear(2, 3, impl="fast")(torch.zeros(4, 3))
+    with pytest.raises(TypeError):
+        KANLinear(2, 3, compile_basis=True)  # the old switch is gone: impl="compiled"
+    with pytest.raises(ValueError, match="mode: unknown value 'reference'"):
+        ug = fast_kan.uniform_grid(make_grid(2, 5, 3), 3)
+        fast_kan.kan_linear(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2, 8), None, ug, "reference", set())
 
 
-def test_build_model_passes_kan_impl():
-    for impl in ("reference", "fast"):
+def test_default_impl_is_compiled_and_build_model_passes_kan_impl():
+    assert all(layer.impl == "compiled" for layer in KAN([2, 3, 1]).layers)
+    for impl in ("reference", "fast", "compiled"):
         model = build_model(RunConfig(model="kan", kan_impl=impl))
         assert isinstance(model, KAN)
         assert all(layer.impl == impl for layer in model.layers)
 
 
-@pytest.mark.parametrize("impl", ["reference", "fast", "fast-compiled"])
-def test_bf16_autocast_error_bound(impl):
+@pytest.mark.parametrize("impl", ["reference", "fast", "compiled"])
+def test_bf16_autocast_error_bound(impl, fresh_dynamo):
     torch.manual_seed(0)
-    model = KAN([8, 32, 32, 1], impl=impl.split("-")[0], compile_basis=impl.endswith("compiled"))
+    model = KAN([8, 32, 32, 1], impl=impl)
     with torch.no_grad():
         for layer in model.layers:
             layer.spline_weight.uniform_(-1, 1)
@@ -169,19 +265,95 @@ def test_bf16_autocast_error_bound(impl):
     assert rel < 1e-2, f"relative error {rel:.3g} under bf16 autocast"
     got.float().sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    assert kernel_paths(model) == [impl]
 
 
-@pytest.mark.parametrize("compile_basis", [False, True])
-def test_fast_without_standalone_scale(compile_basis):
+@pytest.mark.parametrize("impl", FAST_IMPLS)
+def test_fast_without_standalone_scale(impl, fresh_dynamo):
     torch.manual_seed(3)
-    ref = KANLinear(4, 3, 5, 2, standalone_scale_spline=False)
-    fast = KANLinear(4, 3, 5, 2, standalone_scale_spline=False, impl="fast", compile_basis=compile_basis)
+    ref = KANLinear(4, 3, 5, 2, standalone_scale_spline=False, impl="reference")
+    fast = KANLinear(4, 3, 5, 2, standalone_scale_spline=False, impl=impl)
     fast.load_state_dict(ref.state_dict())
-    x = _inputs(50, 4, torch.float32)
-    xr, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
-    yr, yf = ref(xr), fast(xf)
-    torch.testing.assert_close(yf, yr, rtol=1e-5, atol=1e-5)
-    gr = torch.autograd.grad(yr.sum(), [xr, *ref.parameters()])
-    gf = torch.autograd.grad(yf.sum(), [xf, *fast.parameters()])
-    for a, b in zip(gr, gf):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    _assert_same(ref, fast, _inputs(50, 4, torch.float32), 1e-5, 1e-5)
+
+
+def test_compile_failure_on_one_device_type_leaves_others_compiled(fresh_dynamo, monkeypatch):
+    monkeypatch.setitem(fast_kan._BROKEN, "cuda", "RuntimeError: no compiler")
+    layer = KANLinear(3, 4)
+    layer(torch.rand(8, 3)).sum().backward()
+    assert kernel_paths(layer) == ["compiled"]
+    assert fast_kan.compile_failure("cpu") is None and fast_kan.compile_failure("cuda") is not None
+
+
+def test_recompile_limit_falls_back_per_call_and_says_so(fresh_dynamo):
+    ref, fast = _pair(3, 4, 5, 3, impl="compiled")
+    with torch._dynamo.config.patch(recompile_limit=1), pytest.warns(RuntimeWarning, match="recompile limit"):
+        for batch in (8, 9, 10):  # three shapes, room for one
+            x = _inputs(batch, 3, torch.float32)
+            torch.testing.assert_close(fast(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert kernel_paths(fast) == ["compiled", "fast"]
+    assert fast_kan.compile_failure("cpu") is None  # the device is not marked broken
+
+
+CHILD = textwrap.dedent("""
+    import json, sys, warnings
+    import torch
+    warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught:
+        from kanlib.model import KAN, compile_seconds, kernel_paths
+        torch.manual_seed(0)
+        model = KAN([3, 16, 16, 1])
+        ref = KAN([3, 16, 16, 1], impl="reference")
+        ref.load_state_dict(model.state_dict())
+        x = torch.rand(64, 3) * 2 - 1
+        for _ in range(3):
+            model(x).square().mean().backward()
+        err = (model(x) - ref(x)).abs().max().item()
+    from torch._dynamo.utils import counters
+    print(json.dumps({"paths": kernel_paths(model), "err": err, "compile_s": compile_seconds(),
+                      "warnings": [str(w.message) for w in caught if "kanlib" in str(w.message)],
+                      "fx_hit": counters["inductor"]["fxgraph_cache_hit"],
+                      "fx_miss": counters["inductor"]["fxgraph_cache_miss"]}))
+""")
+
+
+def _child(tmp_path, **env):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    full = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                OMP_NUM_THREADS="1", **env)
+    out = subprocess.run([sys.executable, str(script)], env=full, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_no_compiler_falls_back_to_fast_with_one_warning(tmp_path):
+    res = _child(tmp_path, CXX=str(tmp_path / "no-such-compiler"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "c"))
+    assert res["paths"] == ["fast"]  # and not "compiled": the record must say what ran
+    assert res["err"] < 1e-5
+    assert len(res["warnings"]) == 1 and "torch.compile unavailable on cpu" in res["warnings"][0]
+    assert "\n" not in res["warnings"][0]
+
+
+@pytest.mark.slow
+def test_second_process_loads_compiled_kernels_from_the_cache(tmp_path):
+    cache = str(tmp_path / "inductor")
+    first = _child(tmp_path, TORCHINDUCTOR_CACHE_DIR=cache)
+    second = _child(tmp_path, TORCHINDUCTOR_CACHE_DIR=cache)
+    assert first["paths"] == second["paths"] == ["compiled"]
+    assert first["fx_miss"] > 0 and first["fx_hit"] == 0
+    assert second["fx_miss"] == 0 and second["fx_hit"] == first["fx_miss"]  # nothing compiled again
+    assert second["err"] < 1e-5
+
+
+def test_prepare_compile_is_idempotent_and_leaves_compiling_working(fresh_dynamo):
+    fast_kan.prepare_compile("cpu", background=False)
+    fast_kan.prepare_compile("cpu")  # already done: no second thread
+    assert "cpu" in fast_kan._PREPARING and fast_kan._PREPARING["cpu"] is None
+    ref, fast = _pair(2, 3, 4, 2, impl="compiled")
+    x = _inputs(16, 2, torch.float32)
+    torch.testing.assert_close(fast(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert kernel_paths(fast) == ["compiled"]

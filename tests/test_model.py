@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from kanlib import KAN, MLP, KANLinear, RunConfig, bspline_basis, build_model, count_params
+from kanlib.model import RBFKAN, ChebyKAN, _LayerStack
 
 
 def test_layer_equals_its_definition_per_edge():
@@ -68,3 +69,29 @@ def test_mlp_and_build_model():
     kan = build_model(RunConfig(widths=(2, 7, 1), grid_size=4, spline_order=2))
     assert isinstance(kan, KAN) and [l.out_features for l in kan.layers] == [7, 1]
     assert kan.layers[0].grid.shape == (2, 4 + 2 * 2 + 1)
+
+
+@pytest.mark.parametrize("make", [lambda: KAN([3, 5, 2], impl="fast"), lambda: KAN([3, 5, 2], impl="reference"),
+                                  lambda: RBFKAN([3, 5, 2]), lambda: ChebyKAN([3, 5, 2]), lambda: MLP([3, 5, 2])],
+                         ids=["kan-fast", "kan-reference", "rbf", "cheb", "mlp"])
+def test_every_stack_takes_leading_dims_and_shares_the_base(make):
+    torch.manual_seed(0)
+    model = make()
+    assert isinstance(model, _LayerStack) and model.widths == [3, 5, 2] and len(model.layers) == 2
+    x = torch.rand(4, 6, 3)
+    y = model(x)
+    assert y.shape == (4, 6, 2)
+    torch.testing.assert_close(y, model(x.reshape(24, 3)).reshape(4, 6, 2))  # flattening changes nothing
+    if not isinstance(model, MLP):  # the layers' one input check names the expected width
+        with pytest.raises(ValueError, match=r"expected \(\.\.\., 3\) input, got \(4, 2\)"):
+            model(torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="widths needs at least 2 entries"):
+        type(model)([3])
+
+
+def test_mlp_puts_silu_between_layers_only():
+    torch.manual_seed(0)
+    mlp = MLP([2, 4, 3])
+    x = torch.rand(5, 2)
+    want = mlp.layers[1](F.silu(mlp.layers[0](x)))
+    torch.testing.assert_close(mlp(x), want)

@@ -1,0 +1,583 @@
+"""Fast exact KAN kernels on uniform grids: the closed-form B-spline basis, its autograd functions, compiled kernels.
+
+One KAN layer computes ``y = [silu(x), B(x)] @ [W_base, W_spline * scale]^T`` with ``B`` the order-k
+B-splines of each input on its knot vector. On a *uniform* knot vector only ``k + 1`` bases are nonzero at
+any x and their values are fixed polynomials of the position inside the knot interval, so the basis costs
+a few elementwise operations instead of the Cox-de Boor recursion over all knots. :class:`UniformGrid`
+carries everything a kernel needs to know about such a grid; :func:`uniform_grid` builds it from a knot
+tensor, or returns ``None`` when the knots are not uniform to within their dtype's rounding (then the layer
+must use the reference :func:`kanlib.bspline.bspline_basis`).
+
+Two modes, one code path each (:func:`kan_linear` picks):
+
+- ``"fast"``: eager PyTorch. Features ``(batch, in, 1 + C)`` from the k + 1 local values by one scatter
+  (:func:`uniform_features`), one GEMM with the fused weight; backward gathers d loss / d x at the k + 1
+  nonzero bases.
+- ``"compiled"``: the features and d/dx are written pointwise, coefficient-major ``(batch, 1 + C, in)``,
+  by torch.compile'd kernels (no scatter, so inductor fuses them into one loop); layers with at most
+  ``SMALL_OUT`` outputs never materialise the features. Where torch.compile cannot run (no C++ compiler,
+  unsupported platform, compile error) the layer falls back to ``"fast"``, with one warning per process.
+
+Compiling once: the kernels are compiled per layer shape with static shapes (``fullgraph=True``, so a
+graph break or dynamo's recompile limit raises and that call runs eagerly, recorded as "fast"). torch 2.13
+keeps compiled kernels on disk by default (FX graph cache ``TORCHINDUCTOR_FX_GRAPH_CACHE`` and AOTAutograd
+cache ``TORCHINDUCTOR_AUTOGRAD_CACHE``, both on) under ``TORCHINDUCTOR_CACHE_DIR`` (default
+``/tmp/torchinductor_<user>``): a second process with the same folder loads instead of compiling. What it
+still pays per process is inductor's import and CPU vector-ISA probe; :func:`prepare_compile` starts
+those in the background.
+
+Both modes save only x and parameter-sized tensors for backward and rebuild the basis there, so a training
+step keeps nothing of size ``batch * in * coeff`` alive between forward and backward. Non-finite inputs give
+non-finite outputs and gradients on every path, never an exception (a NaN must reach the trainer's
+``nan_policy``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+import warnings
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from kanlib.bspline import local_bspline
+
+SMALL_OUT = 2  # layers with at most this many outputs use fused matrix-vector kernels when compiled
+
+
+# -- the grid ------------------------------------------------------------------------------------
+class UniformGrid(NamedTuple):
+    """A uniform knot vector per input, as the kernels use it.
+
+    ``u = x * inv_h + shift`` is the position of x in knot intervals from the first knot. Basis j
+    (``0 <= j < grid_size + spline_order``) is the cardinal B-spline ``N(u - j)``.
+    """
+
+    shift: torch.Tensor  # (in,) -first_knot / spacing, in the compute dtype
+    inv_h: torch.Tensor  # (in,) 1 / knot spacing
+    cols: torch.Tensor  # (G + 2k + 2, k + 1) int64, see uniform_tables()
+    grid_size: int  # G: intervals inside grid_range
+    spline_order: int  # k
+
+    @property
+    def n_coeff(self) -> int:
+        """Basis functions per input, ``G + k``."""
+        return self.grid_size + self.spline_order
+
+
+def uniform_grid(grid: torch.Tensor, spline_order: int, dtype: torch.dtype | None = None) -> UniformGrid | None:
+    """The :class:`UniformGrid` of ``grid: (in, G + 2k + 1)``, or ``None`` if some row is not uniform.
+
+    A row counts as uniform when every knot equals ``first + j * (last - first) / (n - 1)`` to within
+    ``4 * eps(grid.dtype) * max|knot|``, i.e. when it is what a uniform grid rounded to the grid's own
+    dtype looks like; anything more (a knot moved by 1e-5 of a cell in float32, a float32 grid cast to
+    float64) would make the closed form differ from :func:`kanlib.bspline.bspline_basis` by more than
+    rounding. ``dtype``: the dtype of ``shift``/``inv_h`` (default the grid's); computed in float64.
+    """
+    if grid.dim() != 2 or grid.shape[1] < 2 * spline_order + 2:
+        raise ValueError(f"grid must be (in, G + 2k + 1) with G >= 1 for spline_order={spline_order}, "
+                         f"got {tuple(grid.shape)}")
+    if not grid.dtype.is_floating_point:
+        raise ValueError(f"grid must be a floating-point tensor, got {grid.dtype}")
+    g = grid.detach().to(torch.float64)
+    n = g.shape[1] - 1
+    first, last = g[:, :1], g[:, -1:]
+    h = (last - first) / n  # (in, 1)
+    ideal = first + torch.arange(n + 1, dtype=torch.float64, device=g.device) * h
+    tol = 4 * torch.finfo(grid.dtype).eps * g.abs().amax(dim=1, keepdim=True)
+    if not bool((h > 0).all()) or not bool(((g - ideal).abs() <= tol).all()):
+        return None
+    inv_h = 1.0 / h[:, 0]
+    dtype = dtype or grid.dtype
+    grid_size = n - 2 * spline_order
+    return UniformGrid((-first[:, 0] * inv_h).to(dtype), inv_h.to(dtype),
+                       uniform_tables(grid_size, spline_order, grid.device), grid_size, spline_order)
+
+
+@functools.lru_cache(maxsize=None)
+def _tables_cpu(grid_size: int, spline_order: int) -> torch.Tensor:
+    k, n_coeff = spline_order, grid_size + spline_order
+    m = torch.arange(-1, grid_size + 2 * k + 1).unsqueeze(1)  # (G + 2k + 2, 1) knot interval
+    j = m - torch.arange(k + 1)  # (G + 2k + 2, k + 1) basis index of local value r
+    return torch.where((j >= 0) & (j < n_coeff), j + 1, 0)
+
+
+_TABLES: dict = {}
+
+
+def uniform_tables(grid_size: int, spline_order: int, device) -> torch.Tensor:
+    """``cols: (G + 2k + 2, k + 1)`` int64: the feature column of local value r in knot interval ``mi``.
+
+    ``mi = clamp(m + 1, 0, G + 2k + 1)`` for ``m = floor(u)`` (0 and ``G + 2k + 1``: left and right of
+    the extended grid). Local value r is basis ``j = m - r``; its column in ``[silu, B_0 .. B_{C-1}]``
+    is ``j + 1`` when that basis exists, else 0: column 0 holds silu(x), written after the scatter.
+    """
+    key = (grid_size, spline_order, str(device))
+    if key not in _TABLES:
+        _TABLES[key] = _tables_cpu(grid_size, spline_order).to(device)
+    return _TABLES[key]
+
+
+@functools.lru_cache(maxsize=None)
+def local_poly(spline_order: int) -> torch.Tensor:
+    """``(k + 1, 2k + 2)`` float64: ``[t^0 .. t^k] @ M = [values, d/dt values]`` of :func:`local_bspline`.
+
+    Solved exactly (a Vandermonde system on k + 1 points) from the local Cox-de Boor recursion.
+    """
+    k = spline_order
+    ts = (torch.arange(k + 1, dtype=torch.float64) + 0.5) / (k + 1)
+    vals, dvals = local_bspline(ts, k)  # (k + 1 points, k + 1)
+    return torch.linalg.solve(torch.linalg.vander(ts, N=k + 1), torch.cat([vals, dvals], dim=1))
+
+
+_POLYS: dict = {}
+
+
+def _local_poly_on(spline_order: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """:func:`local_poly` cast and moved once per (dtype, device): a host-to-device copy of pageable
+    memory at every layer call would synchronise the CUDA stream."""
+    key = (spline_order, dtype, str(device))
+    if key not in _POLYS:
+        _POLYS[key] = local_poly(spline_order).to(device=device, dtype=dtype)
+    return _POLYS[key]
+
+
+@functools.lru_cache(maxsize=None)
+def cardinal_terms(spline_order: int) -> tuple:
+    """The cardinal B-spline in the distance ``s = |v - (k + 1) / 2|`` from its centre, as Python floats.
+
+    ``N(v)`` (support ``[0, k + 1]``) is symmetric and, written with truncated powers from its centre,
+    ``N = sum_l c_l * max(o_l - s, 0)^k`` over the ``l`` with ``o_l = (k + 1) / 2 - l > 0`` and
+    ``c_l = (-1)^l binom(k + 1, l) / k!`` (for cubics ``((2 - s)_+^3 - 4 (1 - s)_+^3) / 6``): a few
+    elementwise operations and no case selection, and the terms cancel by at most a small factor
+    (2 for cubics) for the small k of KANs. Returns ``(half, terms)`` with ``terms = ((o_l, c_l), ...)``;
+    ``dN/dv = -sign(v - half) k sum_l c_l max(o_l - s, 0)^(k - 1)``. Floats, so torch.compile folds them.
+    """
+    k = spline_order
+    half = (k + 1) / 2
+    terms = tuple((half - l, (-1) ** l * math.comb(k + 1, l) / math.factorial(k))
+                  for l in range(k + 1) if half - l > 0)
+    return half, terms
+
+
+# -- eager ("fast") kernels ----------------------------------------------------------------------
+class _Scratch(threading.local):
+    """Reusable CPU buffers for the eager kernels' temporaries, one per name (and thread).
+
+    A training step of a 256x256 layer allocates and frees ~30 MB of temporaries; glibc hands such
+    blocks back to the kernel and maps them again at the next step, and the page faults (~10k per
+    step) cost as much as a GEMM. Reusing the blocks removes them. Only temporaries that die inside
+    one kernel call live here, never a returned or saved tensor. CUDA's caching allocator already
+    reuses memory, so there (and for other devices) this is plain ``torch.empty``.
+    """
+
+    def __init__(self):
+        self.buffers: dict = {}
+
+    def get(self, name: str, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if device.type != "cpu":
+            return torch.empty(shape, dtype=dtype, device=device)
+        numel = math.prod(shape)
+        buf = self.buffers.get((name, dtype))
+        if buf is None or buf.numel() < numel:
+            buf = self.buffers[(name, dtype)] = torch.empty(numel, dtype=dtype)
+        return buf[:numel].view(shape)
+
+
+_SCRATCH = _Scratch()
+
+
+def _local(x: torch.Tensor, grid: UniformGrid, with_grad: bool):
+    """Columns and values of the k + 1 nonzero bases of each ``x: (batch, in)`` (scratch buffers).
+
+    Returns ``(col, vals, dvals)``: col ``(batch * in, k + 1)`` int64 feature columns (0 for bases that
+    do not exist), vals the basis values there, dvals their d/du (``None`` unless ``with_grad``).
+    Non-finite x gives NaN values at valid columns, never an out-of-range index.
+    """
+    k1 = grid.spline_order + 1
+    n = x.numel()
+    u = torch.addcmul(grid.shift, x, grid.inv_h).view(-1)  # (batch * in,) position in knot intervals
+    m = torch.floor(u)
+    t = u.sub_(m)  # (batch * in,) in [0, 1); NaN for non-finite x
+    # A non-finite u has t = NaN: it goes to an interval where all k + 1 bases exist, so its NaN values
+    # reach the features (as in the reference) instead of an out-of-range index.
+    inner = float(k1)
+    mi = torch.nan_to_num_(m.add_(1), nan=inner, posinf=inner, neginf=inner).clamp_(0, grid.cols.shape[0] - 1)
+    col = torch.index_select(grid.cols, 0, mi.to(torch.int64),
+                             out=_SCRATCH.get("col", (n, k1), torch.int64, x.device))  # (batch * in, k + 1)
+    powers = _SCRATCH.get("powers", (k1, n), x.dtype, x.device)  # rows 1, t, .., t^k (pow() is ~10x slower)
+    powers[0] = 1
+    powers[1] = t
+    for q in range(2, k1):
+        torch.mul(powers[q - 1], t, out=powers[q])
+    poly = _local_poly_on(grid.spline_order, x.dtype, x.device)
+    vals = torch.mm(powers.t(), poly[:, :k1], out=_SCRATCH.get("vals", (n, k1), x.dtype, x.device))
+    dvals = (torch.mm(powers.t(), poly[:, k1:], out=_SCRATCH.get("dvals", (n, k1), x.dtype, x.device))
+             if with_grad else None)
+    return col, vals, dvals  # (batch * in, k + 1) each
+
+
+def uniform_features(x: torch.Tensor, grid: UniformGrid, col=None, vals=None, scratch: bool = False) -> torch.Tensor:
+    """``(batch, in, 1 + C)`` features ``[silu(x_i), B_0(x_i) .. B_{C-1}(x_i)]`` by the closed form.
+
+    x: ``(batch, in)``. Equal to :func:`kanlib.bspline.bspline_basis` (with silu in front) on the same
+    uniform knots. ``col``/``vals`` from :func:`_local` when the caller already has them; ``scratch``:
+    write into a reused buffer (the caller must drop the result before the next kernel call).
+    """
+    batch, n_in = x.shape
+    if col is None:
+        col, vals, _ = _local(x, grid, with_grad=False)
+    shape = (batch * n_in, 1 + grid.n_coeff)
+    feats = _SCRATCH.get("feats", shape, x.dtype, x.device).zero_() if scratch else x.new_zeros(shape)
+    feats.scatter_(1, col, vals)  # bases that do not exist land in column 0 ...
+    feats = feats.view(batch, n_in, 1 + grid.n_coeff)
+    feats[..., 0] = F.silu(x)  # ... which silu(x) overwrites (silu into a strided out is ~5x slower)
+    return feats
+
+
+def uniform_basis(x: torch.Tensor, grid: UniformGrid) -> torch.Tensor:
+    """``(..., in, C)``: the B-spline basis of ``x: (..., in)`` by the closed form (production path).
+
+    Same values as :func:`kanlib.bspline.bspline_basis` on the knots ``grid`` was built from.
+    """
+    lead = x.shape[:-1]
+    feats = uniform_features(x.reshape(-1, x.shape[-1]), grid)
+    return feats[..., 1:].reshape(*lead, x.shape[-1], grid.n_coeff)
+
+
+def _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major: bool) -> torch.Tensor:
+    """``(out, in * (1 + C))``: base weight and scaled spline coefficients side by side, for one GEMM.
+
+    Column layout ``(in, 1 + C)`` (input-major, matching :func:`uniform_features`) or, with
+    ``coeff_major``, ``(1 + C, in)`` (matching the compiled kernels).
+    """
+    n_out, n_in, n_coeff = spline_weight.shape
+    if coeff_major:
+        w = spline_weight.new_empty(n_out, 1 + n_coeff, n_in)
+        w[:, 0] = base_weight
+        dst = w[:, 1:].transpose(1, 2)  # (out, in, C) view
+    else:
+        w = spline_weight.new_empty(n_out, n_in, 1 + n_coeff)
+        w[..., 0] = base_weight
+        dst = w[..., 1:]
+    if spline_scaler is None:
+        dst.copy_(spline_weight)
+    else:
+        torch.mul(spline_weight, spline_scaler.unsqueeze(-1), out=dst)
+    return w.view(n_out, -1)
+
+
+def _param_grads(gw, spline_weight, spline_scaler, needs):
+    """Gradients of (base, spline, scaler) from ``gw: (out, in, 1 + C)``, the fused weight's gradient."""
+    grad_base = gw[..., 0].contiguous() if needs[0] else None
+    g_scaled = gw[..., 1:]  # (out, in, C): gradient of the scaled coefficients
+    if spline_scaler is None:
+        return grad_base, (g_scaled.contiguous() if needs[1] else None), None
+    grad_spline = torch.mul(g_scaled, spline_scaler.unsqueeze(-1)) if needs[1] else None
+    grad_scaler = torch.linalg.vecdot(g_scaled, spline_weight) if needs[2] else None  # (out, in)
+    return grad_base, grad_spline, grad_scaler
+
+
+class _EagerKAN(torch.autograd.Function):
+    """Exact KAN layer on a uniform grid, eager: ``y = features(x) @ fused_weight^T`` in one GEMM.
+
+    Saves x and the fused ``(out, in * (1 + C))`` weight; backward rebuilds the features (k + 1 nonzeros
+    per input) for the weight gradient and gathers d loss / d features at those k + 1 columns for d/dx.
+    """
+
+    @staticmethod
+    def forward(ctx, x, base_weight, spline_weight, spline_scaler, grid: UniformGrid, gemm_dtype, paths):
+        paths.add("fast")
+        w = _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major=False).to(gemm_dtype)
+        feats = uniform_features(x, grid, scratch=True)  # (batch, in, 1 + C), dropped after the GEMM
+        y = feats.view(x.shape[0], -1).to(gemm_dtype) @ w.t()  # (batch, out)
+        ctx.save_for_backward(x, w, spline_weight, spline_scaler)
+        ctx.grid, ctx.gemm_dtype, ctx.paths = grid, gemm_dtype, paths
+        return y
+
+    @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: double backward raises
+    def backward(ctx, grad_y):
+        x, w, spline_weight, spline_scaler = ctx.saved_tensors
+        grid, gdt = ctx.grid, ctx.gemm_dtype
+        ctx.paths.add("fast")
+        n_out, n_in, n_coeff = spline_weight.shape
+        grad_y = grad_y.to(gdt)  # (batch, out)
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1:4]
+        col, vals, dvals = _local(x, grid, with_grad=need_x)
+        grad_x = grad_base = grad_spline = grad_scaler = None
+        if need_x:
+            gf = torch.mm(grad_y, w, out=_SCRATCH.get("gf", (x.shape[0], w.shape[1]), gdt, x.device))
+            gf = gf.to(x.dtype).view(-1, 1 + n_coeff)  # (batch * in, 1 + C)
+            # contiguous first: silu_backward on the strided column is ~5x slower
+            g_silu = torch.ops.aten.silu_backward(gf[:, 0].contiguous().view_as(x), x)  # (batch, in)
+            gf[:, 0] = 0  # bases that do not exist point at column 0: they must gather 0
+            picked = torch.gather(gf, 1, col, out=_SCRATCH.get("picked", col.shape, x.dtype, x.device))
+            # row-wise dot product of (batch * in, k + 1) rows as a GEMV: reductions over a dim of 4 are slow
+            g_u = torch.mv(picked.mul_(dvals), torch.ones(col.shape[1], dtype=x.dtype, device=x.device))
+            grad_x = torch.addcmul(g_silu, g_u.view_as(x), grid.inv_h)  # du/dx = inv_h
+        if any(need_w):
+            feats = uniform_features(x, grid, col, vals, scratch=True)
+            gw = (grad_y.t() @ feats.view(x.shape[0], -1).to(gdt)).to(spline_weight.dtype)
+            grad_base, grad_spline, grad_scaler = _param_grads(
+                gw.view(n_out, n_in, 1 + n_coeff), spline_weight, spline_scaler, need_w)
+        return grad_x, grad_base, grad_spline, grad_scaler, None, None, None
+
+
+# -- compiled kernels: pointwise, coefficient-major (batch, 1 + C, in) ------------------------------
+# Plain torch functions; torch.compile turns each into one fused loop. Called eagerly they compute the
+# same values (slowly), which is what the fallback does when compilation fails mid-step.
+def _cardinal(v: torch.Tensor, spec, derivative: bool) -> torch.Tensor:
+    """The cardinal B-spline ``N(v)`` (or ``dN/dv``) elementwise, ``v = u - j`` for basis j.
+
+    By the truncated powers of :func:`cardinal_terms`: no index, so a non-finite v cannot index out
+    of range; it gives NaN (``s * 0`` below), which must reach the features.
+    """
+    half, terms = spec  # from cardinal_terms()
+    k = round(2 * half) - 1
+    d = v - half
+    s = d.abs()
+    out = s * 0.0
+    for o, c in terms:
+        p = (o - s).clamp_min(0.0)  # (o - s)_+
+        if derivative:
+            # k = 1: the derivative of (o - s)_+ is the step [s < o]; pow(0, 0) would give 1 at s >= o
+            q = torch.where(s < o, 1.0, 0.0) if k == 1 else p ** (k - 1)
+            out = out + (-k * c) * q
+        else:
+            out = out + c * p ** k
+    if derivative:
+        out = torch.where(d < 0, -out, out)  # dN/dv = sign(v - half) dN/ds, right-continuous at the centre
+    return out
+
+
+def _offsets(x, shift, inv_h, n_coeff: int):
+    """``(batch, C, in)``: ``u - j`` for every basis j."""
+    u = torch.addcmul(shift, x, inv_h).unsqueeze(1)  # (batch, 1, in)
+    return u - torch.arange(n_coeff, device=x.device, dtype=x.dtype).unsqueeze(-1)
+
+
+def _pointwise_features(x, shift, inv_h, n_coeff: int, terms):
+    """``(batch, 1 + C, in)`` features ``[silu(x), B_0(x) .. B_{C-1}(x)]``, coefficient-major so the
+    innermost loop runs over the inputs and vectorises."""
+    return torch.cat([F.silu(x).unsqueeze(1), _cardinal(_offsets(x, shift, inv_h, n_coeff), terms, False)], 1)
+
+
+def _pointwise_grad_x(gf, x, shift, inv_h, n_coeff: int, terms):
+    """``(batch, in)`` d loss / dx from ``gf = d loss / d features: (batch, 1 + C, in)``."""
+    g_u = (gf[:, 1:] * _cardinal(_offsets(x, shift, inv_h, n_coeff), terms, True)).sum(1)  # d loss / du
+    sig = torch.sigmoid(x)
+    return gf[:, 0] * (sig * (1 + x * (1 - sig))) + g_u * inv_h
+
+
+def _pointwise_features_and_grad_x(gf, x, shift, inv_h, n_coeff: int, terms):
+    """:func:`_pointwise_features` and :func:`_pointwise_grad_x` in one fused pass."""
+    return (_pointwise_features(x, shift, inv_h, n_coeff, terms),
+            _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, terms))
+
+
+def _weight_grads(gw, spline_weight, spline_scaler):
+    """``(out, in)``, ``(out, in, C)``, ``(out, in)`` gradients of base, spline and scaler from the
+    coefficient-major fused weight's gradient ``gw: (out, 1 + C, in)``, contiguous in the parameters'
+    layout (strided gradients would make gradient accumulation slow)."""
+    g_scaled = gw[:, 1:].transpose(1, 2)  # (out, in, C)
+    return (gw[:, 0].contiguous(), (g_scaled * spline_scaler.unsqueeze(-1)).contiguous(),
+            (g_scaled * spline_weight).sum(-1))
+
+
+def _small_out_forward(x, shift, inv_h, n_coeff: int, terms, w3):
+    """``(batch, out)`` for a layer with few outputs; w3: ``(out, 1 + C, in)``. The GEMM would be a
+    matrix-vector product bound by writing and reading the features; fused, they never exist."""
+    f = _pointwise_features(x, shift, inv_h, n_coeff, terms)  # (batch, 1 + C, in), fused away
+    return (f.unsqueeze(1) * w3).sum((2, 3))
+
+
+def _small_out_backward(g, w3, x, shift, inv_h, n_coeff: int, terms, spline_weight, spline_scaler, need_x: bool):
+    """Backward of a few-output layer in one fused pass: ``(grad_x or None, grad_base, grad_spline,
+    grad_scaler or None)`` from ``g = d loss / d y: (batch, out)``; features never materialised."""
+    f = _pointwise_features(x, shift, inv_h, n_coeff, terms)  # (batch, 1 + C, in), fused away
+    gw = (g[:, :, None, None] * f.unsqueeze(1)).sum(0)  # (out, 1 + C, in): d loss / d fused weight
+    grad_x = None
+    if need_x:
+        gf = (g[:, :, None, None] * w3).sum(1)  # (batch, 1 + C, in), fused away
+        grad_x = _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, terms)
+    if spline_scaler is None:
+        return grad_x, gw[:, 0].contiguous(), gw[:, 1:].transpose(1, 2).contiguous(), None
+    return (grad_x, *_weight_grads(gw, spline_weight, spline_scaler))
+
+
+class CompileUnavailable(RuntimeError):
+    """torch.compile cannot run a kernel here (recorded per device type; the layer runs eagerly)."""
+
+
+_COMPILED: dict = {}  # kernel -> its torch.compile wrapper (one per kernel: dynamo caches per shape/device)
+_BROKEN: dict = {}  # device type -> why torch.compile failed there; that device's kernels run eagerly
+_WARNED: set = set()
+
+
+def compile_failure(device_type: str) -> str | None:
+    """Why torch.compile failed on ``device_type`` in this process, or ``None`` if it has not failed."""
+    return _BROKEN.get(device_type)
+
+
+def _warn_once(key, msg: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+
+_PREPARING: dict = {}
+
+
+def prepare_compile(device_type: str = "cpu", background: bool = True) -> None:
+    """Pay torch.compile's per-process set-up now, in a background thread by default.
+
+    Every fresh process that compiles (even with a warm inductor cache) first imports inductor
+    (~0.9 s here) and, for CPU kernels, probes the vector ISAs by compiling and loading small
+    libraries in subprocesses (~1.3 s here, mostly waiting). A launcher that calls this at start-up
+    overlaps that with its rendezvous and data loading, so that the first compiled step only traces
+    and loads cached kernels. Idempotent; errors are left for the first real compile to report.
+    Call it before forking worker processes, not while they start.
+    """
+    if device_type in _PREPARING:
+        return
+
+    def work():
+        try:
+            import torch._inductor.compile_fx  # noqa: F401
+            if device_type == "cpu":
+                from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+                pick_vec_isa()
+        except Exception:  # noqa: BLE001 - the first compile reports the real problem
+            pass
+
+    if background:
+        thread = threading.Thread(target=work, name="kanlib-prepare-compile", daemon=True)
+        _PREPARING[device_type] = thread
+        thread.start()
+    else:
+        _PREPARING[device_type] = None
+        work()
+
+
+def _run_compiled(fn, *args):
+    """``torch.compile(fn)(*args)``; raises :class:`CompileUnavailable` where it cannot run.
+
+    A compile error (no C++ compiler, unsupported platform, inductor bug) marks the device type broken
+    for the rest of the process, with one warning. Past dynamo's recompile limit (each kernel compiles
+    once per shape, static shapes: about 8% faster than dynamic ones here) only that call runs eagerly.
+    """
+    device_type = next(a for a in args if isinstance(a, torch.Tensor)).device.type
+    if device_type in _BROKEN:
+        raise CompileUnavailable(_BROKEN[device_type])
+    try:
+        if fn not in _COMPILED:
+            # fullgraph: a graph break would leave part of the kernel eager without telling anyone, and
+            # it makes the recompile limit raise instead of silently running eagerly.
+            _COMPILED[fn] = torch.compile(fn, dynamic=False, fullgraph=True)
+        return _COMPILED[fn](*args)
+    except Exception as e:  # noqa: BLE001 - any failure of the compiler means "run eagerly"
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:200]
+        if type(e).__name__ == "FailOnRecompileLimitHit":
+            _warn_once(("limit", fn.__name__), f"kanlib: torch.compile recompile limit reached for "
+                       f"{fn.__name__}; new shapes of it run eagerly (raise torch._dynamo.config.recompile_limit)")
+            raise CompileUnavailable(reason) from e
+        _BROKEN[device_type] = reason
+        _warn_once(device_type, f"kanlib: torch.compile unavailable on {device_type} ({reason}); "
+                   f"KAN layers there run the eager fast path")
+        raise CompileUnavailable(reason) from e
+
+
+def _call(paths: set, fn, *args):
+    """``fn(*args)`` compiled where possible, else eagerly (same values); records which one ran."""
+    try:
+        out = _run_compiled(fn, *args)
+        paths.add("compiled")
+        return out
+    except CompileUnavailable:
+        paths.add("fast")
+        return fn(*args)
+
+
+class _CompiledKAN(torch.autograd.Function):
+    """Exact KAN layer on a uniform grid with torch.compile'd pointwise kernels, coefficient-major.
+
+    Same function and saved tensors as :class:`_EagerKAN`. Layers of at most ``SMALL_OUT`` outputs use
+    the fused matrix-vector kernels; wider ones build the features pointwise for one ATen GEMM.
+    """
+
+    @staticmethod
+    def forward(ctx, x, base_weight, spline_weight, spline_scaler, grid: UniformGrid, gemm_dtype, paths):
+        n_out, n_in, n_coeff = spline_weight.shape
+        terms = cardinal_terms(grid.spline_order)
+        w = _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major=True)  # (out, (1 + C) * in)
+        if n_out <= SMALL_OUT:
+            # computed in x's dtype; cast to what the GEMM would return under autocast
+            y = _run_compiled(_small_out_forward, x, grid.shift, grid.inv_h, n_coeff, terms,
+                              w.view(n_out, -1, n_in)).to(gemm_dtype)
+        else:
+            w = w.to(gemm_dtype)
+            feats = _run_compiled(_pointwise_features, x, grid.shift, grid.inv_h, n_coeff, terms)
+            y = feats.view(x.shape[0], -1).to(gemm_dtype) @ w.t()  # (batch, out)
+        paths.add("compiled")
+        ctx.save_for_backward(x, w, spline_weight, spline_scaler)
+        ctx.grid, ctx.gemm_dtype, ctx.paths, ctx.terms = grid, gemm_dtype, paths, terms
+        return y
+
+    @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: double backward raises
+    def backward(ctx, grad_y):
+        x, w, spline_weight, spline_scaler = ctx.saved_tensors
+        grid, gdt, paths, terms = ctx.grid, ctx.gemm_dtype, ctx.paths, ctx.terms
+        n_out, n_in, n_coeff = spline_weight.shape
+        consts = (x, grid.shift, grid.inv_h, n_coeff, terms)
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1:4]
+        grad_x = gw = feats = None
+        if n_out <= SMALL_OUT:  # one fused kernel, features never materialised
+            grads = _call(paths, _small_out_backward, grad_y.to(x.dtype), w.view(n_out, -1, n_in), *consts,
+                          spline_weight, spline_scaler, need_x)
+            return (*grads, None, None, None)
+        grad_y = grad_y.to(gdt)
+        if need_x:
+            gf = (grad_y @ w).to(x.dtype).view(-1, 1 + n_coeff, n_in)  # (batch, 1 + C, in)
+            feats, grad_x = _call(paths, _pointwise_features_and_grad_x, gf, *consts)
+        elif any(need_w):
+            feats = _call(paths, _pointwise_features, *consts)
+        if any(need_w):
+            gw = (grad_y.t() @ feats.view(x.shape[0], -1).to(gdt)).to(spline_weight.dtype)
+        if not any(need_w):
+            return grad_x, None, None, None, None, None, None
+        gw = gw.view(n_out, 1 + n_coeff, n_in)
+        if spline_scaler is None:
+            return grad_x, gw[:, 0].contiguous(), gw[:, 1:].transpose(1, 2).contiguous(), None, None, None, None
+        grad_base, grad_spline, grad_scaler = _call(paths, _weight_grads, gw, spline_weight, spline_scaler)
+        return grad_x, grad_base, grad_spline, grad_scaler, None, None, None
+
+
+def kan_linear(x: torch.Tensor, base_weight: torch.Tensor, spline_weight: torch.Tensor,
+               spline_scaler: torch.Tensor | None, grid: UniformGrid, mode: str, paths: set,
+               gemm_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """One exact KAN layer on a uniform grid: ``(batch, in) -> (batch, out)``.
+
+    x: ``(batch, in)`` in the compute dtype (float32 or float64); base_weight ``(out, in)``, spline_weight
+    ``(out, in, C)``, spline_scaler ``(out, in)`` or ``None``, all in x's dtype; ``grid`` from
+    :func:`uniform_grid` in x's dtype and device. ``mode``: ``"fast"`` (eager) or ``"compiled"``
+    (falls back to ``"fast"`` where torch.compile cannot run). ``gemm_dtype``: the dtype of the GEMMs and
+    of the output (an autocast dtype; default x's). The path that actually ran, in forward and later in
+    backward, is added to ``paths`` (``"compiled"`` or ``"fast"``).
+    """
+    gemm_dtype = gemm_dtype or x.dtype
+    args = (x, base_weight, spline_weight, spline_scaler, grid, gemm_dtype, paths)
+    if mode == "compiled":
+        try:
+            return _CompiledKAN.apply(*args)
+        except CompileUnavailable:
+            pass  # nothing of the compiled forward ran; the eager one computes the same function
+    elif mode != "fast":
+        raise ValueError(f"mode: unknown value {mode!r}; choose 'fast' or 'compiled'")
+    return _EagerKAN.apply(*args)
