@@ -206,7 +206,7 @@ class RunConfig(Config):
     """B-spline order k (3 = cubic)."""
     grid_range: tuple[float, float] = (-1.0, 1.0)
     """Lower and upper end of the initial spline grid."""
-    kan_impl: KanImpl = "fast"
+    kan_impl: KanImpl = "compiled"
     """B-spline KAN implementation: compiled (closed form with torch.compile'd kernels; falls back to
     fast, with a warning, where compilation fails), fast (the same closed form, eager) or reference
     (Cox-de Boor recursion). All three compute the same function; the record says which ran."""
@@ -355,8 +355,8 @@ class RunConfig(Config):
             raise ConfigError(f"emulate_latency_s: the emulated link is a communication hook; it needs comm_hook "
                               f"timed, bf16, fp16 or powersgd, got comm_hook={self.comm_hook!r}")
         if self.parallelism == "fsdp":
-            for name, off in (("comm_hook", "default"), ("grad_accum_steps", 1), ("grid_update_every", 0),
-                              ("static_graph", False), ("gradient_as_bucket_view", False)):
+            for name, off in (("comm_hook", "default"), ("grad_accum_steps", 1), ("static_graph", False),
+                              ("gradient_as_bucket_view", False)):
                 if getattr(self, name) != off:
                     raise ConfigError(f"{name}: a DDP option; parallelism='fsdp' needs {name}={off!r}, "
                                       f"got {getattr(self, name)!r}")

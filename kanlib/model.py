@@ -501,6 +501,9 @@ def update_grid_distributed(model: nn.Module, x: torch.Tensor, margin: float = 0
         raise ValueError(f"x must be (batch, in), got {tuple(x.shape)}")
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     x_all = _gather_rows(x.detach()) if distributed else x.detach()
+    if _sharded(module):
+        _update_grid_sharded(module, x_all, margin)
+        return
     module.update_grid(x_all, margin)
     if distributed:
         layers = [m for m in module.modules() if isinstance(m, KANLinear)]
@@ -508,6 +511,47 @@ def update_grid_distributed(model: nn.Module, x: torch.Tensor, margin: float = 0
             dist.broadcast(layer.grid, src=0)
             dist.broadcast(layer.spline_weight.data, src=0)
             layer.refresh_grid()
+
+
+def _sharded(module: nn.Module) -> bool:
+    """Whether FSDP has sharded the parameters of ``module`` (they are DTensors)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+@torch.no_grad()
+def _update_grid_sharded(module: nn.Module, x: torch.Tensor, margin: float) -> None:
+    """Grid update under FSDP: each layer's full parameters are gathered, refit by the same deterministic
+    :meth:`KANLinear.update_grid` on a plain copy (inputs propagated through the refit layers as
+    :meth:`KAN.update_grid` does), and every rank's shard is cut from rank 0's result (``distribute_tensor``
+    scatters from rank 0), so the shards stay one consistent model. The grids are buffers, replicated by
+    FSDP: every rank writes the same refit grid. Collective: every rank must call it."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    layers = [module] if isinstance(module, KANLinear) else [m for m in module.modules() if isinstance(m, KANLinear)]
+    for layer in layers:
+        full = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+                for n, p in layer.named_parameters(recurse=False)}
+        plain = KANLinear(layer.in_features, layer.out_features, layer.grid_size, layer.spline_order,
+                          impl="reference", grid_eps=layer.grid_eps,
+                          standalone_scale_spline=layer.spline_scaler is not None).to(x.device, full["base_weight"].dtype)
+        for n, v in full.items():
+            getattr(plain, n).copy_(v)
+        plain.grid.copy_(layer.grid)
+        plain.refresh_grid()
+        plain.update_grid(x, margin)
+        layer.grid.copy_(plain.grid)
+        for n, p in layer.named_parameters(recurse=False):
+            new = getattr(plain, n).detach()
+            if isinstance(p, DTensor):
+                p.to_local().copy_(distribute_tensor(new, p.device_mesh, p.placements).to_local())
+            else:
+                p.copy_(new)
+        layer.refresh_grid()
+        x = plain(x)  # the next layer's inputs come from this refit layer
 
 
 def kernel_paths(model: nn.Module) -> list[str]:

@@ -86,6 +86,10 @@ class Run:
 
 def train(cfg: RunConfig) -> RunRecord | None:
     """Run one training run; rank 0 returns the record (other ranks, and a preempted run, None)."""
+    if cfg.model == "kan" and cfg.kan_impl == "compiled":
+        from kanlib.fast_kan import prepare_compile
+
+        prepare_compile(distributed.resolve_device(cfg.device))  # overlaps inductor's set-up with the rendezvous
     info = distributed.setup(cfg)
     sigterm = _StopRequest()
     try:
@@ -127,7 +131,7 @@ def start_or_resume(cfg: RunConfig, info: DistInfo) -> Run:
     optimizer, n_opt_states = make_optimizer(model, cfg)
     start_step = 0
     if ck is not None:
-        optimizer.load_state_dict(ck["optimizer"])
+        _load_optimizer(model, optimizer, ck["optimizer"], cfg, info)
         checkpoint.set_rng_state(ck["rng"][info.rank], info.device)
         start_step = int(ck["step"])
     steps = distributed.all_gather(torch.tensor([start_step], dtype=torch.int64), info).view(-1).tolist()
@@ -379,13 +383,14 @@ def _save_checkpoint(run: Run, step: int) -> str | None:
         dist.all_gather_object(rngs, rng)
     else:
         rngs = [rng]
+    model_state, optim_state = _full_states(run)  # collective under FSDP
     if not info.is_main:
         return None
     kill = None
     if faults.due(run.faults, "ckptkill", info.rank, step):
         def kill():
             os.kill(os.getpid(), signal.SIGKILL)
-    state = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(), "rng": rngs,
+    state = {"model": model_state, "optimizer": optim_state, "rng": rngs,
              "run_key": run.cfg.run_key(), "world_size": info.world_size}
     return checkpoint.save(run.run_dir, state, step, before_rename=kill)
 
@@ -478,13 +483,38 @@ def _gather_steps(run: Run) -> torch.Tensor:
     return distributed.all_gather(local, run.info)
 
 
+def _fsdp(cfg: RunConfig, info: DistInfo) -> bool:
+    return cfg.parallelism == "fsdp" and info.distributed
+
+
 def _full_state_dict(run: Run) -> dict:
     """The final parameters as full CPU tensors (collective under FSDP, which shards them)."""
-    if run.cfg.parallelism == "fsdp" and run.info.distributed:
+    if _fsdp(run.cfg, run.info):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(run.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {k: v.detach().cpu() for k, v in run.model.state_dict().items()}
+
+
+def _full_states(run: Run) -> tuple[dict, dict]:
+    """Model and optimizer state for a checkpoint: as they are under DDP; gathered into full tensors on CPU
+    under FSDP (collective), so a checkpoint does not depend on the sharding."""
+    if _fsdp(run.cfg, run.info):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return _full_state_dict(run), get_optimizer_state_dict(run.model, run.optimizer, options=opts)
+    return run.model.state_dict(), run.optimizer.state_dict()
+
+
+def _load_optimizer(model, optimizer, state: dict, cfg: RunConfig, info: DistInfo) -> None:
+    """Restore the optimizer from a checkpoint; under FSDP from its full state, cut into this rank's shards."""
+    if _fsdp(cfg, info):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(state)
 
 
 def _check_losses(run: Run, losses: torch.Tensor, val_loss: float) -> None:

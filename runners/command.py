@@ -95,10 +95,16 @@ def torchrun_command(cfg: Config, *, python: str = sys.executable, standalone: b
     return cmd
 
 
-def compile_cache_dir(cfg: Config) -> str:
-    """A folder that survives between the runs of a sweep, where inductor keeps compiled kernels, so that
-    only the first run of a shape compiles (``<out_dir>/.cache/inductor``)."""
-    return os.path.join(os.path.abspath(cfg.out_dir), ".cache", "inductor")
+def compile_cache_dir(cfg: Config | None = None) -> str:
+    """Where inductor keeps compiled kernels between processes, so that only the first run of a shape
+    compiles (about 20 s here; a later process loads them in about 1-3 s): ``$KANLIB_COMPILE_CACHE``, else
+    ``$XDG_CACHE_HOME/kanlib/inductor`` (``~/.cache/kanlib/inductor``), which outlives a sweep, a reboot and
+    ``/tmp`` cleaning, and on clusters is usually a shared home directory."""
+    explicit = os.environ.get("KANLIB_COMPILE_CACHE")
+    if explicit:
+        return os.path.abspath(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "kanlib", "inductor")
 
 
 def launch_env(cfg: Config, launcher: str = "local", base: dict | None = None) -> dict:

@@ -22,7 +22,7 @@ import sys
 import time
 
 from kanlib.config import ConfigError
-from runners.command import torchrun_command
+from runners.command import compile_cache_dir, torchrun_command
 from runners.supervisor import Job, RunFailed, supervise
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm", "train.sbatch.tmpl")
@@ -151,6 +151,7 @@ def sbatch_script(cfg, *, partition: str | None = None, account: str | None = No
         "python": shlex.quote(python),
         "free_port_py": shlex.quote(FREE_PORT_PY),
         "threads": str(cfg.threads),
+        "compile_cache": shlex.quote(compile_cache_dir(cfg)),
         "env_lines": "\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())),
         "srun_line": _shell_join(srun),
     }

@@ -14,7 +14,7 @@ from runners.launch import check_environment, run, torchrun_command
 
 def tiny(tmp_path, **kw) -> RunConfig:
     base = dict(widths=(2, 8, 1), grid_size=4, global_batch=64, steps=12, warmup_steps=2,
-                n_train=1024, n_val=256, out_dir=str(tmp_path), study="t")
+                n_train=1024, n_val=256, out_dir=str(tmp_path), study="t", kan_impl="fast")
     base.update(kw)
     return RunConfig(**base)
 
@@ -130,3 +130,16 @@ def test_grid_updates_under_ddp_match_one_process(tmp_path):
     assert not torch.allclose(grid0[1:] - grid0[:-1], (grid0[1] - grid0[0]).expand(grid0.numel() - 1))  # refit
     for k in p1:
         assert torch.allclose(p1[k], p2[k], atol=1e-4, rtol=1e-4), k
+
+
+@pytest.mark.slow
+def test_the_default_run_is_compiled_and_says_so(tmp_path):
+    """RunConfig's default kan_impl is the compiled path; the record says which path actually ran and how long
+    this process compiled (a second process of the same shapes loads the kernels from the inductor cache)."""
+    cfg = tiny(tmp_path, nproc_per_node=2, kan_impl=RunConfig().kan_impl)
+    assert cfg.kan_impl == "compiled"
+    rec = run(cfg, echo=False, timeout_s=300)
+    assert rec["kan_path"] == "compiled" and rec["compile_s"] > 0
+    assert rec["time_to_first_step_s"] > 0 and rec["wall_samples_per_s"] > 0
+    again = run(cfg.replace(seed=1), echo=False, timeout_s=300)
+    assert again["kan_path"] == "compiled"
