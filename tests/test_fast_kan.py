@@ -22,8 +22,10 @@ FAST_IMPLS = ["fast", "compiled"]
 
 @pytest.fixture
 def fresh_dynamo():
-    """An empty dynamo cache, so earlier tests' shapes do not count towards its recompile limit."""
+    """An empty dynamo cache, so earlier tests' shapes do not count towards its recompile limit, and no
+    once-per-process warning already spent by an earlier test."""
     torch._dynamo.reset()
+    fast_kan._WARNED.clear()
     yield
     torch._dynamo.reset()
 
