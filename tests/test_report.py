@@ -34,6 +34,25 @@ def study_dir(tmp_path):
     return tmp_path
 
 
+@pytest.fixture
+def full_study_dir(study_dir):
+    """``study_dir`` plus the newer studies: time to accuracy, compounding, FSDP, data-parallel options, and a
+    collective benchmark with an emulated link and DDP runs that follow it."""
+    from test_calibration_report import INJECTED, ddp_records, links, write_bench
+    from test_study_tables import comp_rec, fsdp_records, options_records, tta_records
+
+    recs = tta_records() + fsdp_records() + options_records("1x4")
+    recs += [comp_rec(k, p, t, repeat=r) for k, ts in {"reference": {"1x1": 10.0, "1x2": 5.5},
+                                                      "fast": {"1x1": 4.0, "1x2": 2.5}}.items()
+             for p, t in ts.items() for r in range(2)]
+    recs += ddp_records()
+    write_records(study_dir, recs)
+    write_bench(study_dir, "1x2", links())
+    write_bench(study_dir, "2x1", links())
+    write_bench(study_dir, "2x1", links(INJECTED), emulate_latency_s=INJECTED)
+    return study_dir
+
+
 def is_key(t):
     """A legend-key entry: one point at None (draws nothing)."""
     return t.x is not None and len(t.x) == 1 and t.x[0] is None
@@ -189,17 +208,39 @@ def test_report_findings_first_offline_and_relative(study_dir):
     assert all(os.path.exists(os.path.join(os.path.dirname(path), p)) for p in links if not p.endswith("figures/"))
     assert any(p.endswith("docs/measurement.md") for p in links)
     assert str(study_dir) not in body  # no absolute path beside relative ones
-    # every figure is drawn from inline plotly.js
-    assert body.count("Plotly.newPlot") == sum(len(report.analyze(str(study_dir), s).figures)
-                                               for s in report.STUDY_TITLES)
+    # every figure is drawn from inline plotly.js (studies without records, e.g. compounding here, draw none)
+    assert body.count("Plotly.newPlot") == sum(len(a.figures) for a in report.analyses(str(study_dir)).values())
+    assert "no records of study &#x27;compounding&#x27; under .<" in body
 
 
-def test_report_captions_every_figure(study_dir):
-    for s in report.STUDY_TITLES:
-        a = report.analyze(str(study_dir), s)
+def test_report_captions_every_figure_and_table(full_study_dir):
+    every = report.analyses(str(full_study_dir), bench_time_col="time_s")
+    assert set(every) == set(report.STUDY_TITLES) | set(report.EXTRA_TITLES)
+    for s, a in every.items():
         assert a.figures and set(a.captions) == set(a.figures), s
-        assert all(c.startswith(("Speedup", "Efficiency", "Throughput", "Per point", "Step time", "The alpha-beta"))
-                   for c in a.captions.values())
+        assert set(a.table_captions) == set(a.tables), s
+        assert all(c and c[0].isupper() for c in list(a.captions.values()) + list(a.table_captions.values())), s
+    assert {"overhead", "collbench", "parity", "transfer_waiting", "options"} <= set(every["communication"].figures)
+    assert set(every["model_size"].figures) == {"memory_time", "fsdp"}
+    assert set(every["time_to_accuracy"].figures) == {"speedup"}  # no steps.csv here: no curves, and it says so
+    assert any("have no steps.csv" in line for line in every["time_to_accuracy"].lines)
+
+
+def test_report_findings_cover_the_new_studies(full_study_dir):
+    found = {f["topic"]: f for f in report.findings(report.analyses(str(full_study_dir), bench_time_col="time_s"))}
+    assert found["Time to the target validation loss"]["ours"].startswith(
+        "strong (B=256) at 2x1: time-to-target speedup 1.60x [")
+    assert "weak (64/process, lr_rule none) at 1x2: statistical efficiency 67%" in \
+        found["Time to the target validation loss"]["ours"]
+    assert found["Kernel speedup x DDP speedup"]["ours"].startswith("fast at 1x2: measured 4.00x vs product 4.55x")
+    assert "powersgd rank 1 (1x4): step 0.88x, val loss +10.00% - harms convergence" in \
+        found["Data-parallel options against plain DDP"]["ours"]
+    assert found["FSDP against DDP: where sharding pays"]["ours"] == "kan: FSDP pays from 1,000,000 parameters"
+    assert "recovered 5 ms" in found["Calibration: the link model on a known signal"]["ours"]
+    assert found["The published setup predicted (speedup, efficiency, overhead)"]["published"].startswith("5.97x")
+    assert "Model sizes above the target efficiency at scale" in found
+    for f in found.values():
+        assert f["published"], f["topic"]
 
 
 def test_display_table_formats_units_and_intervals(study_dir):
