@@ -24,19 +24,18 @@ def size_records():
     return out
 
 
-@pytest.fixture
-def study_dir(tmp_path):
+def write_study(root):
+    """Records of the four original studies (strong, weak, communication, model size) under ``root``."""
     recs = strong_records({"1x1": 8.0, "1x2": 4.4, "2x1": 5.0}) + strong_records({"1x1": 0.8, "1x2": 0.8}, batch=64)
     recs += weak_records("kan", {1: 1000, 2: 1600}) + weak_records("mlp", {1: 4000, 2: 7000})
     recs += comm_records("1x2") + comm_records("2x1", {1.0: (0.020, 0.010, 0.012), 25.0: (0.018, 0.010, 0.01)})
     recs += size_records()
-    write_records(tmp_path, recs)
-    return tmp_path
+    write_records(root, recs)
+    return root
 
 
-@pytest.fixture
-def full_study_dir(study_dir):
-    """``study_dir`` plus the newer studies: time to accuracy, compounding, FSDP, data-parallel options, and a
+def write_new_studies(root):
+    """The newer studies under ``root``: time to accuracy, compounding, FSDP, data-parallel options, and a
     collective benchmark with an emulated link and DDP runs that follow it."""
     from test_calibration_report import INJECTED, ddp_records, links, write_bench
     from test_study_tables import comp_rec, fsdp_records, options_records, tta_records
@@ -46,11 +45,22 @@ def full_study_dir(study_dir):
                                                       "fast": {"1x1": 4.0, "1x2": 2.5}}.items()
              for p, t in ts.items() for r in range(2)]
     recs += ddp_records()
-    write_records(study_dir, recs)
-    write_bench(study_dir, "1x2", links())
-    write_bench(study_dir, "2x1", links())
-    write_bench(study_dir, "2x1", links(INJECTED), emulate_latency_s=INJECTED)
-    return study_dir
+    write_records(root, recs)
+    write_bench(root, "1x2", links())
+    write_bench(root, "2x1", links())
+    write_bench(root, "2x1", links(INJECTED), emulate_latency_s=INJECTED)
+    return root
+
+
+@pytest.fixture
+def study_dir(tmp_path):
+    return write_study(tmp_path)
+
+
+@pytest.fixture
+def full_study_dir(study_dir):
+    """``study_dir`` plus the newer studies (:func:`write_new_studies`)."""
+    return write_new_studies(study_dir)
 
 
 def is_key(t):
