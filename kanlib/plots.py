@@ -476,9 +476,17 @@ EXPLORER_X = {
     "weak_scaling": ("world_size", "local_batch", "n_params"),
     "communication": ("world_size", "bucket_cap_mb", "n_params"),
     "model_size": ("n_params", "grid_size", "depth", "global_batch"),
+    "time_to_accuracy": ("world_size", "global_batch", "local_batch"),
+    "compounding": ("world_size", "global_batch", "n_params"),
 }
 EXPLORER_METRICS = ("step_time_s", "samples_per_s", "wall_samples_per_s", "forward_s", "backward_s", "optimizer_s",
-                    "comm_total_s", "peak_mem_bytes", "final_val_loss", "time_to_first_step_s", "compile_s")
+                    "comm_total_s", "peak_mem_bytes", "final_val_loss", "final_val_accuracy", "time_to_target_s",
+                    "steps_to_target", "samples_to_target", "time_to_first_step_s", "compile_s")
+EXPLORER_SERIES = {"communication": ("comm_hook", "grad_accum_steps", "gradient_as_bucket_view", "static_graph"),
+                   "model_size": ("parallelism",), "time_to_accuracy": ("lr_rule",),
+                   "compounding": ("kan_impl", "kan_path")}
+"""Fields that make a line of their own in a study's explorer (where they vary), beside model and placement:
+nothing of different configurations is pooled into one median."""
 
 
 def explorer_options(df: pd.DataFrame, study: str) -> dict:
@@ -510,7 +518,7 @@ def explorer_figure(df: pd.DataFrame, study: str, x: str | None = None, metric: 
     if size_range is not None:
         d = d[(d["n_params"] >= size_range[0]) & (d["n_params"] <= size_range[1])]
     d = results._placement_cols(d)
-    keys = ["model", "placement"] + (["comm_hook"] if study == "communication" else [])
+    keys = ["model", "placement"] + [f for f in EXPLORER_SERIES.get(study, ()) if f in d and results._varies(d[f])]
     fig = go.Figure()
     for key, g in results._groupby(d, keys):
         agg = g.groupby(x)[metric].agg(["median", "min", "max"]).reset_index().dropna()

@@ -271,3 +271,16 @@ def test_figures_save_as_offline_files(study_dir, tmp_path):
     html = open(paths[0]).read()
     assert len(html) > 1_000_000 and not re.search(r"<script[^>]+src=", html)
     assert not re.search(r"mathjax[^'\"]*\.js", html, re.I)
+
+
+def test_explorer_keeps_kernels_parallelisms_and_rules_apart(full_study_dir):
+    df = results.load_records(str(full_study_dir))
+    comp = plots.explorer_figure(df, "compounding")
+    assert {t.name for t in comp.data} == {"kan 1x1 fast fast", "kan 1x1 reference reference", "kan 1x2 fast fast",
+                                           "kan 1x2 reference reference"}
+    size = plots.explorer_figure(df, "model_size")
+    assert {"kan 1x2 ddp", "kan 1x2 fsdp"} <= {t.name for t in size.data}
+    tta = plots.explorer_options(df, "time_to_accuracy")
+    assert "time_to_target_s" in tta["metrics"] and tta["x"][0] == "world_size"
+    assert {t.name for t in plots.explorer_figure(df, "time_to_accuracy", metric="time_to_target_s").data} == {
+        "kan 1x1 linear", "kan 1x1 none", "kan 1x2 linear", "kan 1x2 none", "kan 2x1 none"}
