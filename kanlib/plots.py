@@ -393,35 +393,6 @@ def communication_figure(table: pd.DataFrame, title: str = "Communication overhe
     return fig
 
 
-def comm_model_figure(pred: pd.DataFrame, measured: pd.DataFrame | None = None, model=None,
-                      title: str = "Alpha-beta model: extrapolated strong scaling", color: str | None = None) -> go.Figure:
-    """Predicted communication time and efficiency against world size (log scale), with measured
-    all-reduce times when given. The fitted constants go in the title; a constant the data could not
-    resolve is named as such, never printed as 0."""
-    color = color or model_color("kan")
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("All-reduce time per step (s)", "Predicted efficiency"))
-    fig.add_trace(go.Scatter(x=pred["world_size"], y=pred["comm_s"], mode="lines", name="model: all-reduce time",
-                             line=dict(color=color)), 1, 1)
-    if measured is not None and not measured.empty:
-        fig.add_trace(go.Scatter(x=measured["world_size"], y=measured["comm_total_s"], mode="markers",
-                                 name="measured all-reduce time",
-                                 marker=dict(size=10, color=color,
-                                             symbol=[placement_symbol(results.placement_of(a, b)) for a, b in
-                                                     zip(measured["nnodes"], measured["nproc_per_node"])])), 1, 1)
-    fig.add_trace(go.Scatter(x=pred["world_size"], y=pred["efficiency"], mode="lines", name="predicted efficiency",
-                             line=dict(color=color, dash="dash")), 1, 2)
-    sub = ""
-    if model is not None:
-        lat = f"latency {model.alpha:.3g} s" if model.alpha > 0 else "latency not resolved"
-        bw = f"bandwidth {model.bandwidth_bytes_per_s:.3g} B/s" if model.beta > 0 else "bandwidth not resolved"
-        sub = f"<br><sup>{lat}, {bw}; {model.algo}; fitted to {model.n_points} runs</sup>"
-    fig.update_xaxes(type="log", title_text="world size N")
-    fig.update_yaxes(type="log", row=1, col=1)
-    fig.update_yaxes(range=[0, 1.05], row=1, col=2)
-    fig.update_layout(title=title + sub, template=TEMPLATE, height=440)
-    return fig
-
-
 # -- model size ------------------------------------------------------------------------------
 def model_size_figure(table: pd.DataFrame, title: str = "Model-size scaling") -> go.Figure:
     """KAN against matched-parameter MLP: step time, peak memory, parameters per byte and time per
@@ -655,11 +626,10 @@ def collbench_figure(bench: pd.DataFrame, fits: dict | None = None, time_col: st
                 fig.add_trace(go.Scatter(x=sizes, y=f.model.time_s(sizes, int(key["nnodes"]), int(key["nproc_per_node"])),
                                          mode="lines", name=f"fit {label}", legendgroup=label, showlegend=False,
                                          line=dict(color=col, dash="dot", width=1), hoverinfo="skip"), 1, 1)
+    any_emulated = bool(((b["emulate_latency_s"] > 0) | (b["emulate_bandwidth_bytes_per_s"] > 0)).any())
+    colours = [k for k in LINK_COLORS if k == "no emulation" or any_emulated]  # no key for what is not drawn
     _legend_key(fig, placements=_drawn_placements(fig, b), families=sorted(fams),
-                extra=[(f"colour: {k}", dict(mode="lines", line=dict(color=v, width=3))) for k, v in LINK_COLORS.items()
-                       if (k == "emulated") == bool(((b["emulate_latency_s"] > 0) |
-                                                      (b["emulate_bandwidth_bytes_per_s"] > 0)).any()) or
-                       k == "no emulation"]
+                extra=[(f"colour: {k}", dict(mode="lines", line=dict(color=LINK_COLORS[k], width=3))) for k in colours]
                 + ([("dotted: the fitted model", dict(mode="lines", line=dict(color=GREY, dash="dot")))] if fits else []))
     fig.update_xaxes(type="log", title_text="message size (bytes)")
     fig.update_yaxes(type="log")

@@ -195,10 +195,6 @@ def _us(v) -> str:
     return f"{v * 1e6:.3g}" if v is not None and np.isfinite(v) else "n/a"
 
 
-def _gbs(v) -> str:
-    return f"{v / 1e9:.3g}" if v is not None and np.isfinite(v) else "n/a"
-
-
 def _mib(v) -> str:
     return f"{v / 2**20:,.1f}" if v is not None and np.isfinite(v) else "n/a"
 
@@ -747,6 +743,9 @@ def _compounding(df: pd.DataFrame, ctx: dict) -> dict:
     return {"table": t if not t.empty else None, "figures": figs, "captions": caps, "lines": lines}
 
 
+ANALYSIS_PARAMS = ("bench_time_col", "val_loss_tolerance", "calibration_tolerance")
+"""The keyword parameters :func:`analyze` passes to the study analyses (the communication study reads them)."""
+
 _STUDY_FUNCS = {"strong_scaling": "_strong", "weak_scaling": "_weak", "communication": "_comm", "model_size": "_size",
                 "time_to_accuracy": "_tta", "compounding": "_compounding"}
 
@@ -760,6 +759,9 @@ def analyze(out_dir: str, study: str, code: str = "newest", **params) -> StudyAn
     ``val_loss_tolerance`` (relative; default 0.01) and ``calibration_tolerance`` (default 0.2)."""
     if study not in STUDY_TITLES:
         raise ValueError(f"study: unknown value {study!r}; choose one of {', '.join(STUDY_TITLES)}")
+    unknown = sorted(set(params) - set(ANALYSIS_PARAMS))
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not a parameter of the analyses; known: {', '.join(ANALYSIS_PARAMS)}")
     try:
         df = results.load_records(out_dir, study=study, code=code)
     except results.NoRecordsError as e:

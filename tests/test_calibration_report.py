@@ -212,3 +212,36 @@ def test_report_has_the_calibration_published_setup_and_extrapolation(calibrated
     assert body.count("Plotly.newPlot") == n_figures
     assert "collbench: 3 records" in body  # the benchmark's raw records are linked too
     assert str(calibrated) not in body
+
+
+def test_analysis_parameters_are_checked(calibrated):
+    with pytest.raises(ValueError, match="^bench_time_cols: not a parameter of the analyses; known: bench_time_col"):
+        report.analyze(str(calibrated), "communication", bench_time_cols="time_s")
+    with pytest.raises(ValueError, match="^bench_time_col: 'time_s_p50' is not a collbench column"):
+        report.analyze(str(calibrated), "communication", bench_time_col="time_s_p50")
+
+
+def test_figures_draw_what_their_captions_promise(calibrated, tmp_path):
+    from kanlib import plots
+
+    a = report.analyze(str(calibrated), "communication", bench_time_col="time_s")
+    bench = a.figures["collbench"]
+    fits = [t for t in bench.data if (t.name or "").startswith("fit ")]
+    assert len(fits) == 3  # a dotted fitted line per multi-process series
+    emulated = [t for t in plots.data_traces(bench) if "emulated" in (t.name or "") and not t.name.startswith("fit ")]
+    assert emulated and all(t.line.color == plots.LINK_COLORS["emulated"] for t in emulated)
+    keys = {t.name for t in bench.data if t.x is not None and len(t.x) == 1 and t.x[0] is None}
+    assert {"colour: emulated", "colour: no emulation", "dotted: the fitted model"} <= keys
+    parity = a.figures["parity"]
+    pts = [t for t in plots.data_traces(parity) if t.mode == "markers"]
+    assert sum(len(t.x) for t in pts) == 2 * 6  # six runs, in both panels
+    for t in pts:  # on the diagonal: the records follow the model
+        assert list(t.x) == pytest.approx(list(t.y), rel=1e-6)
+    # an option that harms convergence gets the red outline, the others none
+    from test_study_tables import options_records
+
+    write_records(tmp_path, options_records())
+    fig = report.analyze(str(tmp_path), "communication").figures["options"]
+    (t, *_), = [[t for t in plots.data_traces(fig) if t.xaxis == "x3"]]
+    harm = {o: w for o, w in zip(t.x, t.marker.line.width)}
+    assert harm["powersgd rank 1"] == 3 and harm["bf16"] == 0
