@@ -448,8 +448,15 @@ def calibration_check(fits: dict, tolerance: float = 0.2) -> tuple[pd.DataFrame,
                                      r["recovered_bandwidth_bytes_per_s"], r["bandwidth_rel_err"])):
             if not inj:
                 if what == "bandwidth":
-                    note = ("none injected; none recovered" if got is None or not np.isfinite(got)
-                            else f"none injected; the fit finds {got / 1e9:.3g} GB/s more")
+                    total = r["bandwidth_bytes_per_s"]
+                    if got is None or not np.isfinite(got):
+                        note = "none injected; none recovered"
+                    elif total and np.isfinite(total) and got > 10 * total:  # 1/got is under a tenth of the link's
+                        note = (f"none injected; the fits differ by a {got / 1e9:.3g} GB/s link in series, under a "
+                                f"tenth of the emulated link's own inverse bandwidth: no measurable limit")
+                    else:
+                        note = (f"none injected, yet the fits differ by a {got / 1e9:.3g} GB/s link in series (a limit "
+                                f"the emulation did not add: noise or load)")
                     lines.append(f"Emulated link {_link_desc(r['emulate_latency_s'], inj)} ({r['backend']}, "
                                  f"{r['algo']}): bandwidth {note}.")
                 continue
@@ -495,8 +502,11 @@ def _emulation_growth(recs: pd.DataFrame) -> pd.DataFrame:
 
 def _parity_table(parity: pd.DataFrame) -> pd.DataFrame:
     emu = _emulated(parity)
+    opts = [results.option_label({f: (r[f] if f in r and pd.notna(r[f]) else v)
+                                  for f, v in results.OPTION_FIELDS.items()}, results.PLAIN_BUCKET_MB)
+            for _, r in parity.iterrows()]  # the bucket size has its own column
     return pd.DataFrame({
-        "placement": parity["placement"], "bucket (MiB)": parity["bucket_cap_mb"].map(lambda v: f"{v:g}"),
+        "placement": parity["placement"], "option": opts, "bucket (MiB)": parity["bucket_cap_mb"].map(lambda v: f"{v:g}"),
         "emulated link": [_link_desc(a, b) if e else "none" for a, b, e in
                           zip(parity.get("emulate_latency_s", 0), parity.get("emulate_bandwidth_bytes_per_s", 0), emu)],
         "step measured (ms)": parity["step_time_s"].map(_ms), "step predicted (ms)": parity["pred_step_time_s"].map(_ms),
