@@ -24,10 +24,12 @@ $(STAMP): pyproject.toml
 # .ipynb generated from them under build/notebooks/ (ignored). Executed notebooks, their offline HTML
 # exports, records, figures and the report go under $(OUT); OUT may be absolute and may contain spaces.
 NB_BUILD := build/notebooks
-LAUNCH := 01_strong_scaling 02_weak_scaling 03_communication_overhead 04_model_size_scaling
+LAUNCH := 01_strong_scaling 02_weak_scaling 03_communication_overhead 04_model_size_scaling \
+	07_time_to_accuracy 08_compounding
 ANALYSES := 01_strong_scaling_analysis 02_weak_scaling_analysis 03_communication_overhead_analysis \
-	04_model_size_scaling_analysis
-# The launch notebooks run first, then the analyses, then the guidelines (which write the report).
+	04_model_size_scaling_analysis 06_extrapolation 07_time_to_accuracy_analysis 08_compounding_analysis
+# The launch notebooks run first, then the analyses (06_extrapolation reads 01's and 03's records), then the
+# guidelines (which write the report).
 NOTEBOOKS := $(LAUNCH) $(ANALYSES) 05_guidelines
 # Extra papermill arguments for every notebook, e.g. PARAMS="-p repeats 3"
 PARAMS ?=

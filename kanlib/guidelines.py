@@ -11,8 +11,14 @@ Given a target parallel efficiency and a per-process memory and step-time budget
    target at the largest measured world size of each placement;
 3. communication, per group: which placement exposes the least communication at each world size
    measured at several placements; the bucket size (and NCCL algorithm) with the least exposed
-   communication per placement; the alpha-beta model's extrapolation, fitted per placement;
-4. model size, per model: the size beyond which memory rather than step time limits a process.
+   communication per placement; the largest world size the model calibrated on the collective
+   benchmark of the same folder predicts at the target (not predicted, and said so, without benchmark
+   records: the DDP hook times mix transfer and waiting); the fastest data-parallel option that keeps
+   the validation loss within a tolerance of plain DDP;
+4. model size, per model: the size beyond which memory rather than step time limits a process, and
+   the size from which FSDP lowers the peak memory per process;
+5. time to accuracy, per series: the placement that reaches the target validation loss soonest;
+6. compounding: the fastest kernel x placement, and whether the kernel and DDP speedups multiply.
 
 A NaN, infinite, zero or negative value never meets a target (:func:`meets`). When the data cannot
 answer a question, the answer says why (one placement only, too few points, ...), with the best
@@ -240,15 +246,18 @@ def best_bucket(comm: pd.DataFrame, placement: str | None = None) -> dict:
             "overhead_hi": float(row.get("overhead_hi", np.nan))}
 
 
-def _comm(df: pd.DataFrame, target: float, rows: list, text: list) -> None:
-    from kanlib import commmodel
-
-    table = results.communication_table(df)
+def _comm(df: pd.DataFrame, target: float, rows: list, text: list, fits: dict | None = None) -> None:
+    # placements, buckets and the model concern plain DDP (the timed full-precision all-reduce, no other
+    # option); the options are weighed against it in _options
+    table = results.plain_ddp(results.communication_table(df))
+    said_no_bench = False
     if table.empty:
         text.append("Communication: no point has both a timed and a no-op run, so nothing can be said.")
         return
     keys = _group_keys(table)
     recs = results._placement_cols(df)
+    for c in ("emulate_latency_s", "emulate_bandwidth_bytes_per_s"):
+        recs[c] = recs[c].fillna(0.0) if c in recs else 0.0
     for key, g in results._groupby(table, keys + ["comm_hook", "emulate_latency_s", "emulate_bandwidth_bytes_per_s"]):
         gkey = {k: v for k, v in key.items() if k in keys}
         label = _label(gkey)
@@ -272,7 +281,8 @@ def _comm(df: pd.DataFrame, target: float, rows: list, text: list) -> None:
                         f"of the step, {top['bucket_cap_mb']:g} MiB buckets); {rest}.")
             rows.append({"question": f"N={n}: placement exposing the least communication", "group": label,
                          "answer": answer, "value": float(top["exposed_s"]), "basis": "communication"})
-        if g.groupby("world_size")["placement"].nunique().max() < 2:
+        emulated = bool(key["emulate_latency_s"] or key["emulate_bandwidth_bytes_per_s"])
+        if g.groupby("world_size")["placement"].nunique().max() < 2 and not emulated:  # emulation: multi-node only
             text.append(f"{label}: every world size was measured at one placement only "
                         f"({', '.join(sorted(set(g['placement'])))}), so placements cannot be compared; add e.g. "
                         f"placements ['1x2', '2x1'].")
@@ -291,45 +301,110 @@ def _comm(df: pd.DataFrame, target: float, rows: list, text: list) -> None:
             rows.append({"question": f"{p}: bucket size minimising exposed communication", "group": label,
                          "answer": f"{bb['bucket_cap_mb']:g} MiB ({bb['nccl_algo']}){why}: {bb['exposed_s'] * 1e3:.3g} ms",
                          "value": bb["exposed_s"], "basis": "communication"})
-            # (c) the communication model, fitted to this group and placement only
-            sel = _records_of(recs, {**gkey, "placement": p})
-            sel = sel[(sel["comm_hook"].isin([key["comm_hook"], "noop"]))]
-            try:
-                model, pred, basis = commmodel.extrapolate_study(sel, g[g["placement"] == p])
-            except (ValueError, KeyError) as e:
-                text.append(f"{label}, {p}: no communication-model extrapolation: {e}.")
+            # (c) the calibrated model (collective-benchmark fit) extrapolating this placement's best point
+            if key["comm_hook"] != "timed":
+                continue  # the model describes the full-precision all-reduce; compressed hooks send other bytes
+            sel = _records_of(recs, {**gkey, "placement": p, "bucket_cap_mb": bb["bucket_cap_mb"],
+                                     "nccl_algo": "" if bb["nccl_algo"] == "default" else bb["nccl_algo"]})
+            sel = sel[sel["comm_hook"].isin(["timed", "noop"])]
+            timed = sel[(sel["comm_hook"] == "timed")
+                        & (sel["emulate_latency_s"] == key["emulate_latency_s"])
+                        & (sel["emulate_bandwidth_bytes_per_s"] == key["emulate_bandwidth_bytes_per_s"])]
+            question = f"{p}: predicted largest world size with efficiency >= {target:g}"
+            if fits is None:
+                if not said_no_bench:
+                    text.append("Communication model: no collective-benchmark records in this folder, so the "
+                                "calibrated model is not fitted and nothing is extrapolated (the DDP hook times mix "
+                                "transfer and waiting for other ranks and are not fitted instead); run the "
+                                "collective-benchmark section of 03_communication_overhead.")
+                    said_no_bench = True
+                rows.append({"question": question, "group": label,
+                             "answer": "not predicted: no collective-benchmark records in this folder",
+                             "value": np.nan, "basis": "communication model"})
                 continue
-            n_pred = commmodel.largest_world_size_at(pred, target)
-            lat = f"latency {model.alpha:.3g} s" if model.alpha > 0 else "latency not resolved by these runs"
-            bw = (f"bandwidth {model.bandwidth_bytes_per_s:.3g} B/s" if model.beta > 0
-                  else "bandwidth not resolved by these runs (latency-bound)")
+            try:
+                pr = calibrated_prediction(timed, sel[sel["comm_hook"] == "noop"], fits, target)
+            except ValueError as e:
+                text.append(f"{label}, {p}: no calibrated-model extrapolation: {e}.")
+                rows.append({"question": question, "group": label, "answer": f"not predicted: {e}",
+                             "value": np.nan, "basis": "communication model"})
+                continue
+            n_pred = pr["world_size"]
             if n_pred is None or n_pred <= 1:
                 n_txt = f"that no multi-process world size reaches {target:.0%} strong-scaling efficiency"
-                ans = f"none beyond 1 (model; {lat}, {bw})"
+                ans = f"none beyond 1 (calibrated model; {pr['links']})"
             else:
                 n_txt = f"{target:.0%} strong-scaling efficiency up to N={n_pred}"
-                ans = f"{n_pred} processes (model; {lat}, {bw})"
-            text.append(f"{label}, {p}: the alpha-beta model fitted to {model.n_points} timed runs ({lat}, {bw}, "
-                        f"relative error {model.rel_rmse:.0%}) predicts {n_txt} for this model "
-                        f"({basis['n_params']} parameters, {basis['overlap_fraction']:.0%} overlap); an optimistic "
+                ans = f"{n_pred} processes (calibrated model; {pr['links']})"
+            text.append(f"{label}, {p}: the model calibrated on the collective benchmark ({pr['fit']}; {pr['links']}; "
+                        f"leave-one-out error {pr['loo_rel_rmse']:.0%}) with this point's measured compute "
+                        f"({pr['n_params']} parameters, global batch {pr['global_batch']}, {pr['n_buckets']} "
+                        f"bucket(s), {pr['placement_per_node']} processes per node) predicts {n_txt}; an optimistic "
                         f"bound that ignores stragglers and congestion.")
-            rows.append({"question": f"{p}: predicted largest world size with efficiency >= {target:g}",
-                         "group": label, "answer": ans, "value": float(n_pred or 1), "basis": "communication model"})
+            rows.append({"question": question, "group": label, "answer": ans, "value": float(n_pred or 1),
+                         "basis": "communication model"})
+
+
+def link_text(model) -> str:
+    """``intra 45 us, 1.2 GB/s; inter: latency not resolved (why), 80 MB/s`` for a fitted LinkModel: a
+    constant the data could not resolve is named so, never printed as 0."""
+    parts = []
+    for name, link in model.links.items():
+        lat = f"{link.alpha_s * 1e6:.3g} us" if link.alpha_s is not None else \
+            f"latency not resolved ({link.alpha_why})"
+        if link.bandwidth_bytes_per_s is not None:
+            bw = f"{link.bandwidth_bytes_per_s / 1e9:.3g} GB/s"
+        elif link.bandwidth_why == "unlimited (given as 0)":
+            bw = "unlimited bandwidth"
+        else:
+            bw = f"bandwidth not resolved ({link.bandwidth_why})"
+        parts.append(f"{name} {lat}, {bw}")
+    return "; ".join(parts)
+
+
+def calibrated_prediction(timed: pd.DataFrame, noop: pd.DataFrame, fits: dict, target: float,
+                          max_world_size: int = 4096) -> dict:
+    """Extrapolate one measured DDP point with the collective-benchmark fit.
+
+    timed / noop: the point's runs with the timed hook and its no-op twins (one configuration). The
+    compute profile comes from the no-op twin: ``T_noop(N) = c n_params B / N`` gives ``c``, and its
+    backward share says when buckets become ready; the buckets are the ones the timed runs recorded;
+    each bucket's all-reduce comes from the fit of the same backend, device, algorithm and emulated link
+    (:func:`kanlib.commmodel.find_fit`), on nodes of the point's processes per node. Returns ``world_size``
+    (largest with efficiency >= target, or None), the prediction table and a description; raises
+    ValueError saying why when the point or the fit cannot support a prediction.
+    """
+    from kanlib import commmodel
+
+    if timed.empty or noop.empty:
+        raise ValueError("the point needs timed runs and their no-op twins")
+    r = timed.iloc[0]
+    buckets = r.get("bucket_bytes")
+    if not isinstance(buckets, (list, tuple)) or not buckets:
+        raise ValueError("its records carry no bucket_bytes (schema 1)")
+    nn, pp = int(r["nnodes"]), int(r["nproc_per_node"])
+    n, b, n_params = nn * pp, int(r["global_batch"]), int(r["n_params"])
+    t_noop = float(np.median(noop["step_time_s"].to_numpy(float)))
+    bwd = float(np.median(noop["backward_s"].to_numpy(float))) if "backward_s" in noop else 2 * t_noop / 3
+    profile = commmodel.ComputeProfile(t_noop * n / (n_params * b), 0.0, min(max(bwd / t_noop, 0.0), 1.0),
+                                       f"measured: the no-op twin at {nn}x{pp}")
+    algo = commmodel.row_algorithm(r.get("backend", ""), r.get("nccl_algo", ""), r.get("nccl_algo_used"))
+    f = commmodel.find_fit(fits, r.get("backend", ""), r.get("device", "cpu"), algo, nn,
+                           r.get("emulate_latency_s", 0.0), r.get("emulate_bandwidth_bytes_per_s", 0.0))
+    if f is None:
+        raise ValueError(f"no collective-benchmark fit for {r.get('backend')}/{r.get('device')}/{algo} with this "
+                         f"run's link (emulated latency {float(r.get('emulate_latency_s') or 0):g} s)")
+    pred = commmodel.predict_scaling(f.model, profile, list(reversed(list(buckets))),
+                                     commmodel.powers_of_two(max_world_size), pp, global_batch=b,
+                                     bucket_cap_mb=float(r["bucket_cap_mb"]))
+    return {"world_size": commmodel.largest_world_size_at(pred, target), "prediction": pred, "profile": profile,
+            "fit": f.model.label, "links": link_text(f.model), "loo_rel_rmse": f.loo_rel_rmse,
+            "n_params": n_params, "global_batch": b, "n_buckets": len(buckets), "placement_per_node": pp}
 
 
 def _records_of(recs: pd.DataFrame, key: dict) -> pd.DataFrame:
-    """The records whose fields equal ``key`` (list and tuple values compare as tuples)."""
-    sel = pd.Series(True, index=recs.index)
-    for k, v in key.items():
-        if k not in recs:
-            continue
-        want = results._hashable(v)
-        col = recs[k].map(results._hashable)
-        if isinstance(want, float) and math.isnan(want):
-            sel &= col.isna()
-        else:
-            sel &= col.map(lambda x, w=want: x == w).astype(bool)
-    return recs[sel]
+    """The records whose fields equal ``key`` (:func:`kanlib.results.select_records`)."""
+    return results.select_records(recs, key)
 
 
 # -- model size ------------------------------------------------------------------------------
@@ -379,10 +454,144 @@ def _size(df: pd.DataFrame, memory_budget_bytes: float, step_time_budget_s: floa
                          "value": lim["limit_params"], "basis": "model_size"})
 
 
+# -- data-parallel options ----------------------------------------------------------------------
+def _options(df: pd.DataFrame, tolerance: float, rows: list, text: list) -> None:
+    table = results.options_table(df, tolerance=tolerance)
+    if table.empty or table["is_plain"].all():
+        return
+    for p, g in table.groupby("placement", sort=False):
+        opts = g[~g["is_plain"] & ~g["plain_missing"]]
+        emu = (opts["emulate_latency_s"] > 0) | (opts["emulate_bandwidth_bytes_per_s"] > 0)
+        opts = opts[~emu]  # options are judged on the machine's own link
+        if opts.empty:
+            continue
+        harm = opts[opts["harms_convergence"]]
+        ok = opts[~opts["harms_convergence"] & opts["val_loss_rel_delta"].notna()]
+        if ok.empty:
+            answer = f"none keeps the validation loss within {tolerance:.1%} of plain DDP"
+            value = np.nan
+        else:
+            best = ok.loc[ok["step_time_ratio"].idxmin()]
+            answer = (f"{best['option']}: step {best['step_time_ratio']:.2f}x plain DDP, exposed "
+                      f"{best['exposed_s'] * 1e3:.3g} ms (plain {best['plain_exposed_s'] * 1e3:.3g} ms), validation "
+                      f"loss {best['val_loss_rel_delta']:+.2%}")
+            value = float(best["step_time_ratio"])
+        harm_txt = "; ".join(f"{r['option']} ({r['val_loss_rel_delta']:+.1%})" for _, r in harm.iterrows())
+        text.append(f"{p}: of {len(opts)} data-parallel option(s), the fastest that keeps the validation loss after "
+                    f"the same samples within {tolerance:.1%} of plain DDP is {answer}"
+                    + (f"; harming convergence: {harm_txt}" if harm_txt else "; none harms convergence") + ".")
+        rows.append({"question": f"{p}: fastest data-parallel option within {tolerance:.1%} of plain DDP's loss",
+                     "group": "communication", "answer": answer, "value": value, "basis": "communication options"})
+
+
+# -- FSDP ----------------------------------------------------------------------------------------
+def _fsdp(df: pd.DataFrame, rows: list, text: list) -> None:
+    table = results.fsdp_table(results.model_size_table(df))
+    if table.empty:
+        return
+    kind = _uniq_text(df, "peak_mem_kind")
+    for model, g in table.groupby("model", sort=True):
+        n = results.fsdp_pays_from(g, model)
+        top = g.sort_values("n_params").iloc[-1]
+        if n is None:
+            answer = (f"no measured size: at the largest ({int(top['n_params']):,} parameters) FSDP's peak memory "
+                      f"per process is {top['mem_ratio']:.2f}x DDP's and its step {top['step_ratio']:.2f}x")
+            why = (" On CPU the peak is the process's resident set, which the framework dominates at these sizes "
+                   f"(analytic state: {_fmt_bytes(top['state_ddp_bytes'])} under DDP, "
+                   f"{_fmt_bytes(top['state_fsdp_bytes'])} per process under FSDP)."
+                   if "rss" in kind else "")
+            text.append(f"{model}, {top['placement']}: the data show no size where FSDP pays: {answer}.{why}")
+        else:
+            r = g[g["n_params"] == n].iloc[0]
+            answer = (f"from {n:,} parameters: peak memory per process {r['mem_ratio']:.2f}x DDP's, step "
+                      f"{r['step_ratio']:.2f}x")
+            text.append(f"{model}, {r['placement']}: FSDP starts to pay {answer} (and at every larger size measured).")
+        rows.append({"question": "model size from which FSDP lowers peak memory per process", "group": model,
+                     "answer": answer, "value": float(n) if n else np.nan, "basis": "model_size"})
+
+
+def _uniq_text(df: pd.DataFrame, col: str) -> str:
+    return ",".join(sorted({str(v) for v in df[col].dropna()})) if col in df else ""
+
+
+# -- time to accuracy --------------------------------------------------------------------------------
+def _tta(df: pd.DataFrame, rows: list, text: list) -> None:
+    table = results.time_to_accuracy_table(df)
+    if table.empty:
+        text.append("Time to accuracy: no series with two placements of one global or per-process batch.")
+        return
+    keys = _group_keys(table)
+    target = _uniq_text(df, "target_val_loss")
+    for key, g in results._groupby(table, keys + ["series", "series_batch"]):
+        label = _label({k: v for k, v in key.items() if k in keys})
+        what = (f"global batch {key['series_batch']}" if key["series"] == "strong"
+                else f"{key['series_batch']} samples per process")
+        label = f"{label}, {key['series']} ({what})"
+        done = g[g["time_to_target_s"].notna()]
+        if done.empty:
+            answer = f"none reached validation loss {target}"
+            text.append(f"{label}: no placement reached the target validation loss {target} (best final loss "
+                        f"{g['final_val_loss'].min():.4g}); train longer or raise the target.")
+            value = np.nan
+        else:
+            full = done[done["all_reached"]]
+            best = (full if not full.empty else done).sort_values("time_to_target_s").iloc[0]
+            ci = _ci_s(best)
+            answer = (f"{best['placement']} ({int(best['nnodes'])} node(s) x {int(best['nproc_per_node'])}): "
+                      f"{ci} to validation loss {target} ({int(best['n_reached'])}/{int(best['n_runs'])} runs)")
+            rest = "; ".join(f"{r['placement']} {_ci_s(r)}" + ("" if r["all_reached"] else
+                                                              f" ({int(r['n_reached'])}/{int(r['n_runs'])} reached)")
+                             for _, r in done.iterrows() if r["placement"] != best["placement"])
+            missed = [r["placement"] for _, r in g.iterrows() if r["n_reached"] == 0]
+            text.append(f"{label}: {best['placement']} reaches the target soonest, in {ci} of training "
+                        f"({best['steps_to_target']:.0f} steps, {best['samples_to_target']:,.0f} samples)"
+                        + (f"; also: {rest}" if rest else "")
+                        + (f"; never reached at {', '.join(missed)}" if missed else "") + ".")
+            value = float(best["time_to_target_s"])
+        rows.append({"question": "placement that reaches the target soonest", "group": label, "answer": answer,
+                     "value": value, "basis": "time_to_accuracy"})
+
+
+def _ci_s(row) -> str:
+    v, lo, hi = row["time_to_target_s"], row.get("time_to_target_lo", np.nan), row.get("time_to_target_hi", np.nan)
+    if np.isfinite(lo) and np.isfinite(hi) and (lo != v or hi != v):
+        return f"{v:.3g} s [{lo:.3g}, {hi:.3g}]"
+    return f"{v:.3g} s"
+
+
+# -- compounding ----------------------------------------------------------------------------------
+def _compounding(df: pd.DataFrame, rows: list, text: list) -> None:
+    table = results.compounding_table(df)
+    if table.empty:
+        return
+    keys = _group_keys(table)
+    for key, g in results._groupby(table, keys):
+        label = _label(key)
+        best = g.loc[g["step_time_s"].idxmin()]
+        kname = best["kernel"] if not best["fell_back"] else f"{best['kan_impl']} (ran {best['kernel']})"
+        multi = g[(g["world_size"] > 1) & (g["kernel"] != g["baseline_kernel"]) & g["compounding"].notna()]
+        comp = "; ".join(f"{r['kernel']} at {r['placement']}: measured {r['measured']:.2f}x vs product "
+                         f"{r['product']:.2f}x (efficiency {r['efficiency']:.0%} vs {r['efficiency_ref']:.0%} with the "
+                         f"{r['baseline_kernel']} kernel)" for _, r in multi.iterrows())
+        answer = (f"{kname} at {best['placement']}: {best['step_time_s'] * 1e3:.3g} ms per step, "
+                  f"{best['measured']:.2f}x the {best['baseline_kernel']} kernel on {g.iloc[0]['placement']}")
+        text.append(f"{label}: the fastest combination is {answer}" + (f"; {comp}" if comp else "") + ".")
+        rows.append({"question": "fastest kernel x placement", "group": label, "answer": answer,
+                     "value": float(best["step_time_s"]), "basis": "compounding"})
+
+
 def compute_guidelines(df: pd.DataFrame, target_efficiency: float = 0.8,
-                       memory_budget_bytes: float = 80 * 2**30, step_time_budget_s: float = 1.0) -> Guidelines:
+                       memory_budget_bytes: float = 80 * 2**30, step_time_budget_s: float = 1.0,
+                       bench: pd.DataFrame | None = None, bench_time_col: str = "time_s_p10",
+                       val_loss_tolerance: float = 0.01) -> Guidelines:
     """All guidelines that the records in ``df`` (any mix of studies, as from
-    :func:`kanlib.results.load_records`) allow, one answer per group of records."""
+    :func:`kanlib.results.load_records`) allow, one answer per group of records.
+
+    bench: collective-benchmark rows (kanlib.collbench.load_bench) of the same folder; the communication
+    model is fitted on them (``bench_time_col``: the per-size time fitted, see
+    :func:`kanlib.commmodel.fit_collbench`), and without them the guidelines say it is not fitted.
+    val_loss_tolerance: the relative increase of the validation loss over plain DDP beyond which a
+    data-parallel option counts as harming convergence."""
     if not 0 < target_efficiency <= 1:
         raise ValueError(f"target_efficiency: must be in (0, 1], got {target_efficiency}")
     if not memory_budget_bytes > 0 or not step_time_budget_s > 0:
@@ -396,12 +605,26 @@ def compute_guidelines(df: pd.DataFrame, target_efficiency: float = 0.8,
     if "weak_scaling" in studies:
         _weak(of["weak_scaling"], target_efficiency, rows, text)
     if "communication" in studies:
+        fits = None
+        if bench is not None and not bench.empty:
+            from kanlib import commmodel
+
+            try:
+                fits = commmodel.fit_collbench(bench, time_col=bench_time_col)
+            except ValueError as e:  # e.g. only single-process benchmark runs
+                text.append(f"Communication model: the collective benchmark could not be fitted: {e}.")
         try:
-            _comm(of["communication"], target_efficiency, rows, text)
+            _comm(of["communication"], target_efficiency, rows, text, fits)
+            _options(of["communication"], val_loss_tolerance, rows, text)
         except KeyError as e:  # no pair of timed and no-op runs
             text.append(f"Communication: {e.args[0]}.")
     if "model_size" in studies:
         _size(of["model_size"], memory_budget_bytes, step_time_budget_s, rows, text)
+        _fsdp(of["model_size"], rows, text)
+    if "time_to_accuracy" in studies:
+        _tta(of["time_to_accuracy"], rows, text)
+    if "compounding" in studies:
+        _compounding(of["compounding"], rows, text)
     if not rows and not text:
         text.append(f"No study records to derive guidelines from (have studies: {sorted(studies)}).")
     note = df.attrs.get("code_note", "")
@@ -412,10 +635,13 @@ def compute_guidelines(df: pd.DataFrame, target_efficiency: float = 0.8,
 
 def from_out_dir(out_dir: str, code: str = "newest", **kwargs) -> Guidelines:
     """:func:`compute_guidelines` over every record under ``out_dir`` (code versions chosen by ``code``,
-    see :func:`kanlib.results.load_records`); with none, a Guidelines whose only sentence says
-    "no records under ..."."""
+    see :func:`kanlib.results.load_records`) and the collective-benchmark records there; with no
+    record, a Guidelines whose only sentence says "no records under ..."."""
+    from kanlib import collbench
+
     try:
         df = results.load_records(out_dir, code=code)
     except results.NoRecordsError as e:
         return Guidelines(pd.DataFrame(columns=COLUMNS), [str(e)])
+    kwargs.setdefault("bench", collbench.load_bench(out_dir))
     return compute_guidelines(df, **kwargs)

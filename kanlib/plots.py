@@ -110,7 +110,7 @@ def _facets(table: pd.DataFrame, fields: list[str]) -> list[tuple[str, pd.DataFr
 
 
 def _grid(n_facets: int, rows_per_facet: int, titles: list[str], row_titles: list[str], height_per_row=300,
-          shared_x=False, log_x=False):
+          shared_x=False, log_x=False, vertical_spacing: float | None = None):
     cols = min(n_facets, FACET_COLS)
     facet_rows = math.ceil(n_facets / cols)
     subplot_titles = []
@@ -121,7 +121,8 @@ def _grid(n_facets: int, rows_per_facet: int, titles: list[str], row_titles: lis
                 subplot_titles.append(
                     (f"{row_titles[r]}" + (f"<br><sup>{titles[i]}</sup>" if titles[i] else "")) if i < n_facets else "")
     fig = make_subplots(rows=facet_rows * rows_per_facet, cols=cols, subplot_titles=subplot_titles,
-                        vertical_spacing=min(0.12, 0.6 / max(1, facet_rows * rows_per_facet)),
+                        vertical_spacing=vertical_spacing if vertical_spacing is not None else
+                        min(0.12, 0.6 / max(1, facet_rows * rows_per_facet)),
                         horizontal_spacing=0.08)
     fig.update_layout(height=max(380, height_per_row * facet_rows * rows_per_facet + 80))
     return fig, cols
@@ -392,35 +393,6 @@ def communication_figure(table: pd.DataFrame, title: str = "Communication overhe
     return fig
 
 
-def comm_model_figure(pred: pd.DataFrame, measured: pd.DataFrame | None = None, model=None,
-                      title: str = "Alpha-beta model: extrapolated strong scaling", color: str | None = None) -> go.Figure:
-    """Predicted communication time and efficiency against world size (log scale), with measured
-    all-reduce times when given. The fitted constants go in the title; a constant the data could not
-    resolve is named as such, never printed as 0."""
-    color = color or model_color("kan")
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("All-reduce time per step (s)", "Predicted efficiency"))
-    fig.add_trace(go.Scatter(x=pred["world_size"], y=pred["comm_s"], mode="lines", name="model: all-reduce time",
-                             line=dict(color=color)), 1, 1)
-    if measured is not None and not measured.empty:
-        fig.add_trace(go.Scatter(x=measured["world_size"], y=measured["comm_total_s"], mode="markers",
-                                 name="measured all-reduce time",
-                                 marker=dict(size=10, color=color,
-                                             symbol=[placement_symbol(results.placement_of(a, b)) for a, b in
-                                                     zip(measured["nnodes"], measured["nproc_per_node"])])), 1, 1)
-    fig.add_trace(go.Scatter(x=pred["world_size"], y=pred["efficiency"], mode="lines", name="predicted efficiency",
-                             line=dict(color=color, dash="dash")), 1, 2)
-    sub = ""
-    if model is not None:
-        lat = f"latency {model.alpha:.3g} s" if model.alpha > 0 else "latency not resolved"
-        bw = f"bandwidth {model.bandwidth_bytes_per_s:.3g} B/s" if model.beta > 0 else "bandwidth not resolved"
-        sub = f"<br><sup>{lat}, {bw}; {model.algo}; fitted to {model.n_points} runs</sup>"
-    fig.update_xaxes(type="log", title_text="world size N")
-    fig.update_yaxes(type="log", row=1, col=1)
-    fig.update_yaxes(range=[0, 1.05], row=1, col=2)
-    fig.update_layout(title=title + sub, template=TEMPLATE, height=440)
-    return fig
-
-
 # -- model size ------------------------------------------------------------------------------
 def model_size_figure(table: pd.DataFrame, title: str = "Model-size scaling") -> go.Figure:
     """KAN against matched-parameter MLP: step time, peak memory, parameters per byte and time per
@@ -475,9 +447,17 @@ EXPLORER_X = {
     "weak_scaling": ("world_size", "local_batch", "n_params"),
     "communication": ("world_size", "bucket_cap_mb", "n_params"),
     "model_size": ("n_params", "grid_size", "depth", "global_batch"),
+    "time_to_accuracy": ("world_size", "global_batch", "local_batch"),
+    "compounding": ("world_size", "global_batch", "n_params"),
 }
 EXPLORER_METRICS = ("step_time_s", "samples_per_s", "wall_samples_per_s", "forward_s", "backward_s", "optimizer_s",
-                    "comm_total_s", "peak_mem_bytes", "final_val_loss", "time_to_first_step_s", "compile_s")
+                    "comm_total_s", "peak_mem_bytes", "final_val_loss", "final_val_accuracy", "time_to_target_s",
+                    "steps_to_target", "samples_to_target", "time_to_first_step_s", "compile_s")
+EXPLORER_SERIES = {"communication": ("comm_hook", "grad_accum_steps", "gradient_as_bucket_view", "static_graph"),
+                   "model_size": ("parallelism",), "time_to_accuracy": ("lr_rule",),
+                   "compounding": ("kan_impl", "kan_path")}
+"""Fields that make a line of their own in a study's explorer (where they vary), beside model and placement:
+nothing of different configurations is pooled into one median."""
 
 
 def explorer_options(df: pd.DataFrame, study: str) -> dict:
@@ -509,7 +489,7 @@ def explorer_figure(df: pd.DataFrame, study: str, x: str | None = None, metric: 
     if size_range is not None:
         d = d[(d["n_params"] >= size_range[0]) & (d["n_params"] <= size_range[1])]
     d = results._placement_cols(d)
-    keys = ["model", "placement"] + (["comm_hook"] if study == "communication" else [])
+    keys = ["model", "placement"] + [f for f in EXPLORER_SERIES.get(study, ()) if f in d and results._varies(d[f])]
     fig = go.Figure()
     for key, g in results._groupby(d, keys):
         agg = g.groupby(x)[metric].agg(["median", "min", "max"]).reset_index().dropna()
@@ -580,3 +560,451 @@ def show_explorer(df: pd.DataFrame, study: str) -> None:
     display(explorer(df, study))
     display(Markdown("*Static copy of the explorer's first view (the controls above need a live kernel):*"))
     explorer_figure(df, study).show()
+
+
+# -- the collective benchmark and the calibrated model ---------------------------------------------
+LINK_COLORS = {"no emulation": "#333333", "emulated": "#d62728"}
+"""Collective-benchmark series: the machine's own links, and an emulated inter-node link on top."""
+TRANSFER_COLORS = {"transfer": "#555555", "waiting": "#bbbbbb"}
+
+
+def _bench_label(r) -> str:
+    emu = (r.get("emulate_latency_s") or 0) > 0 or (r.get("emulate_bandwidth_bytes_per_s") or 0) > 0
+    text = f"{r['placement']} {r.get('backend', '')}"
+    if r.get("nccl_algo"):
+        text += f" {r['nccl_algo']}"
+    if emu and int(r["nnodes"]) > 1:
+        bw = r.get("emulate_bandwidth_bytes_per_s") or 0
+        text += f", emulated {float(r['emulate_latency_s']) * 1e6:g} us" + (f", {bw / 1e9:g} GB/s" if bw else "")
+    return text
+
+
+def collbench_figure(bench: pd.DataFrame, fits: dict | None = None, time_col: str = "time_s",
+                     title: str = "Collective benchmark: all-reduce against message size") -> go.Figure:
+    """nccl-tests' three views of the benchmark (kanlib.collbench.load_bench rows): time, algbw and busbw
+    against message size (log-log), one series per placement, backend, NCCL setting and emulated link
+    (median over repeats at each size). Marker: placement; solid within one node, dashed across nodes;
+    colour: the machine's own links, or an emulated link. With ``fits`` (kanlib.commmodel.fit_collbench)
+    each series' fitted time is drawn as a dotted line in the time panel."""
+    from kanlib import commmodel
+
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("Time per all-reduce (s)", "algbw (GB/s)",
+                                                        "busbw = algbw x 2(N-1)/N (GB/s)"))
+    b = bench.copy()
+    for c in ("emulate_latency_s", "emulate_bandwidth_bytes_per_s"):
+        b[c] = b[c].fillna(0.0) if c in b else 0.0
+    b.loc[b["nnodes"] == 1, ["emulate_latency_s", "emulate_bandwidth_bytes_per_s"]] = 0.0
+    b["nccl_algo"] = b["nccl_algo"].fillna("") if "nccl_algo" in b else ""
+    keys = ["placement", "nnodes", "nproc_per_node", "backend", "nccl_algo", "emulate_latency_s",
+            "emulate_bandwidth_bytes_per_s"]
+    fams = set()
+    for key, g in results._groupby(b, [k for k in keys if k in b]):
+        pts = g.groupby("size_bytes", as_index=False).agg(t=(time_col, "median"), algbw=("algbw_bytes_per_s", "median"),
+                                                          busbw=("busbw_bytes_per_s", "median"))
+        emu = key["emulate_latency_s"] > 0 or key["emulate_bandwidth_bytes_per_s"] > 0
+        col = LINK_COLORS["emulated" if emu else "no emulation"]
+        fam = results._family(int(key["nnodes"]))
+        fams.add(fam)
+        label = _bench_label(key)
+        style = dict(mode="lines+markers", legendgroup=label, showlegend=False, name=label,
+                     line=dict(color=col, dash=FAMILY_DASH[fam]),
+                     marker=dict(symbol=placement_symbol(key["placement"]), size=7, color=col))
+        hover = [f"{label}<br>{int(s):,} B<br>{t * 1e6:.4g} us<br>algbw {a / 1e9:.3g} GB/s<br>busbw {u / 1e9:.3g} GB/s"
+                 for s, t, a, u in zip(pts["size_bytes"], pts["t"], pts["algbw"], pts["busbw"])]
+        fig.add_trace(go.Scatter(x=pts["size_bytes"], y=pts["t"], hovertext=hover, hoverinfo="text", **style), 1, 1)
+        fig.add_trace(go.Scatter(x=pts["size_bytes"], y=pts["algbw"] / 1e9, hovertext=hover, hoverinfo="text",
+                                 **style), 1, 2)
+        fig.add_trace(go.Scatter(x=pts["size_bytes"], y=pts["busbw"] / 1e9, hovertext=hover, hoverinfo="text",
+                                 **style), 1, 3)
+        if fits and int(key["nnodes"]) * int(key["nproc_per_node"]) > 1:
+            algo = commmodel.row_algorithm(key["backend"], key.get("nccl_algo", ""),
+                                           _constant_str(g, "nccl_algo_used"))
+            f = commmodel.find_fit(fits, key["backend"], _constant_str(g, "device") or "cpu", algo,
+                                   int(key["nnodes"]), key["emulate_latency_s"], key["emulate_bandwidth_bytes_per_s"])
+            if f is not None:
+                sizes = pts["size_bytes"].to_numpy(float)
+                fig.add_trace(go.Scatter(x=sizes, y=f.model.time_s(sizes, int(key["nnodes"]), int(key["nproc_per_node"])),
+                                         mode="lines", name=f"fit {label}", legendgroup=label, showlegend=False,
+                                         line=dict(color=col, dash="dot", width=1), hoverinfo="skip"), 1, 1)
+    any_emulated = bool(((b["emulate_latency_s"] > 0) | (b["emulate_bandwidth_bytes_per_s"] > 0)).any())
+    colours = [k for k in LINK_COLORS if k == "no emulation" or any_emulated]  # no key for what is not drawn
+    _legend_key(fig, placements=_drawn_placements(fig, b), families=sorted(fams),
+                extra=[(f"colour: {k}", dict(mode="lines", line=dict(color=LINK_COLORS[k], width=3))) for k in colours]
+                + ([("dotted: the fitted model", dict(mode="lines", line=dict(color=GREY, dash="dot")))] if fits else []))
+    fig.update_xaxes(type="log", title_text="message size (bytes)")
+    fig.update_yaxes(type="log")
+    fig.update_layout(title=title, template=TEMPLATE, height=460)
+    return fig
+
+
+def _constant_str(g: pd.DataFrame, col: str) -> str:
+    if col not in g:
+        return ""
+    vals = [v for v in g[col].dropna().unique() if isinstance(v, str)]
+    return vals[0] if len(vals) == 1 else ""
+
+
+def parity_figure(parity: pd.DataFrame, title: str = "The calibrated model against every DDP run") -> go.Figure:
+    """Predicted against measured step time and exposed communication for every timed DDP run with a
+    no-op twin (kanlib.commmodel.validate_ddp), on the diagonal where the model is right. Colour: model;
+    marker: placement; the dotted line is y = x. Runs the model could not predict are listed in
+    ``layout.meta['not_drawn']``."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Step time (ms)", "Exposed communication (ms)"))
+    p = parity.copy()
+    if "model" not in p:
+        p["model"] = "kan"
+    ok = np.isfinite(pd.to_numeric(p["pred_exposed_s"], errors="coerce").to_numpy(float))
+    not_drawn = [f"{r['placement']} {r.get('run_key', '')}: {r.get('why')}" for _, r in p[~ok].iterrows()]
+    p = p[ok]
+    for col, (meas, pred) in enumerate((("step_time_s", "pred_step_time_s"), ("exposed_s", "pred_exposed_s")), start=1):
+        hi = 0.0
+        for key, g in results._groupby(p, ["model", "placement"]):
+            m = key["model"]
+            emu = g["emulate_latency_s"].fillna(0).to_numpy(float) if "emulate_latency_s" in g else np.zeros(len(g))
+            hover = [f"{m} {key['placement']}, {cap:g} MiB{', emulated %g us' % (e * 1e6) if e else ''}<br>"
+                     f"measured {a * 1e3:.3g} ms, predicted {b * 1e3:.3g} ms" for cap, e, a, b in
+                     zip(g["bucket_cap_mb"], emu, g[meas], g[pred])]
+            fig.add_trace(go.Scatter(x=g[meas] * 1e3, y=g[pred] * 1e3, mode="markers", name=f"{m} {key['placement']}",
+                                     legendgroup=str(m), showlegend=False, hovertext=hover, hoverinfo="text",
+                                     marker=dict(symbol=placement_symbol(key["placement"]), size=10,
+                                                 color=model_color(m))), 1, col)
+            hi = max(hi, float(np.nanmax(np.r_[g[meas].to_numpy(float), g[pred].to_numpy(float)])) * 1e3)
+        hi = hi * 1.1 or 1.0
+        fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="y = x", legendgroup="y = x",
+                                 showlegend=col == 1, line=dict(dash="dot", color="grey"), hoverinfo="skip"), 1, col)
+        fig.update_xaxes(title_text="measured (ms)", range=[0, hi], row=1, col=col)
+        fig.update_yaxes(title_text="predicted (ms)", range=[0, hi], row=1, col=col)
+    _legend_key(fig, sorted(p["model"].unique()) if len(p) else [], _drawn_placements(fig, parity))
+    fig.update_layout(title=title, template=TEMPLATE, height=440)
+    return _meta(fig, not_drawn=not_drawn)
+
+
+def transfer_waiting_figure(by_placement: pd.DataFrame,
+                            title: str = "DDP hook time: transfer (benchmark) vs waiting for other ranks") -> go.Figure:
+    """Per placement (kanlib.commmodel.transfer_waiting_by_placement): the median hook time per step
+    split into the transfer the collective benchmark predicts for the run's buckets and the rest, waiting
+    for the slower rank (negative when the benchmark predicts more than the hook saw)."""
+    fig = go.Figure()
+    x = by_placement["placement"].astype(str)
+    for part in ("transfer", "waiting"):
+        fig.add_trace(go.Bar(x=x, y=by_placement[f"{part}_s"] * 1e3, name=part, marker=dict(color=TRANSFER_COLORS[part]),
+                             hovertext=[f"{p}: {part} {v * 1e3:.3g} ms of {t * 1e3:.3g} ms ({runs} runs)" for p, v, t, runs in
+                                        zip(x, by_placement[f"{part}_s"], by_placement["comm_total_s"],
+                                            by_placement["n_runs"])], hoverinfo="text"))
+    fig.update_layout(barmode="relative", title=title, template=TEMPLATE, height=400,
+                      yaxis_title="ms per step", xaxis_title="placement (nodes x processes per node)")
+    return fig
+
+
+# -- time to accuracy --------------------------------------------------------------------------------
+def tta_curves_figure(curves: pd.DataFrame, title: str = "Validation loss on the way to the target") -> go.Figure:
+    """Validation loss (log) against samples seen and against cumulative step time, one line per run
+    (kanlib.results.val_curves), a subplot pair per learning-rate rule; colour: model; marker:
+    placement; dashed: across nodes; the dotted line is the target."""
+    rules = sorted(curves["lr_rule"].fillna("none").unique()) if len(curves) else ["none"]
+    fig, cols = _grid(len(rules), 2, [f"lr_rule={r}" if len(rules) > 1 else "" for r in rules],
+                      ["Validation loss against samples", "Validation loss against step time (s)"],
+                      height_per_row=340, vertical_spacing=min(0.2, 0.7 / max(1, 2 * math.ceil(len(rules) / FACET_COLS))))
+    fams = set()
+    for i, rule in enumerate(rules):
+        g = curves[curves["lr_rule"].fillna("none") == rule]
+        for key, run in results._groupby(g, ["record_path"]):
+            run = run.sort_values("steps")
+            r0 = run.iloc[0]
+            m, p = str(r0["model"]), str(r0["placement"])
+            fam = results._family(int(r0["nnodes"]))
+            fams.add(fam)
+            style = dict(mode="lines+markers" if len(run) > 1 else "markers", legendgroup=m, showlegend=False,
+                         name=f"{m} {p} B={int(r0['global_batch'])} r{int(r0['repeat'])}",
+                         line=dict(color=model_color(m), dash=FAMILY_DASH[fam], width=1.5),
+                         marker=dict(symbol=placement_symbol(p), size=6, color=model_color(m)))
+            hover = [f"{m} {p}, global batch {int(r0['global_batch'])}, repeat {int(r0['repeat'])}<br>step {s}, "
+                     f"{n:,} samples, {t:.3g} s<br>val loss {v:.4g}" for s, n, t, v in
+                     zip(run["steps"], run["samples"], run["train_time_s"], run["val_loss"])]
+            r, c = _cell(i, 0, cols, 2)
+            fig.add_trace(go.Scatter(x=run["samples"], y=run["val_loss"], hovertext=hover, hoverinfo="text", **style), r, c)
+            r, c = _cell(i, 1, cols, 2)
+            fig.add_trace(go.Scatter(x=run["train_time_s"], y=run["val_loss"], hovertext=hover, hoverinfo="text",
+                                     **style), r, c)
+        targets = sorted({float(v) for v in g["target_val_loss"].dropna() if float(v) > 0})
+        for k in range(2):
+            r, c = _cell(i, k, cols, 2)
+            for tv in targets:
+                fig.add_hline(y=tv, line=dict(dash="dot", color="grey"), row=r, col=c)
+            fig.update_yaxes(type="log", row=r, col=c)
+            if k == 1:  # the top panel's title already says "against samples"
+                fig.update_xaxes(title_text="cumulative step time (s)", row=r, col=c)
+    _legend_key(fig, sorted(curves["model"].dropna().unique()) if len(curves) else [],
+                _drawn_placements(fig, curves) if len(curves) else [], sorted(fams),
+                extra=[("dotted: target validation loss", dict(mode="lines", line=dict(color="grey", dash="dot")))])
+    fig.update_layout(title=title, template=TEMPLATE)
+    return fig
+
+
+def tta_speedup_figure(table: pd.DataFrame, title: str = "Time to target: speedup and statistical efficiency"
+                       ) -> go.Figure:
+    """Left: strong series (one global batch) - per placement the step speedup (light bar) beside the
+    time-to-target speedup (solid bar), each with its interval; they should match. Right: weak series
+    (one per-process batch) - the statistical efficiency ``samples(N0) / samples(N)`` per placement, a
+    bar per learning-rate rule (shade). Colour: model."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Strong: step speedup (light) vs time-to-target speedup",
+                                                        "Weak: statistical efficiency samples(N0)/samples(N)"))
+    strong = table[table["series"] == "strong"]
+    for key, g in results._groupby(strong, ["model"]):
+        m = key["model"]
+        label = g["placement"] + np.where(g["series_batch"].nunique() > 1, ", B=" + g["series_batch"].astype(str), "")
+        for col, name, op in (("step_speedup", "step", 0.35), ("time_speedup", "time to target", 1.0)):
+            fig.add_trace(go.Bar(x=label, y=g[col], name=f"{m} {name} speedup", legendgroup=m, showlegend=False,
+                                 marker=dict(color=model_color(m), opacity=op), **_err(g, col)), 1, 1)
+    weak = table[table["series"] == "weak"]
+    rules = sorted(weak["lr_rule"].fillna("none").unique()) if "lr_rule" in weak and len(weak) else []
+    for key, g in results._groupby(weak, ["model"]):
+        m = key["model"]
+        for j, rule in enumerate(rules):
+            gr = g[g["lr_rule"].fillna("none") == rule]
+            label = gr["placement"] + ", " + gr["local_batch"].astype(str) + "/process"
+            fig.add_trace(go.Bar(x=label, y=gr["statistical_efficiency"], name=f"{m} lr_rule={rule}", legendgroup=m,
+                                 showlegend=False, marker=dict(color=model_color(m), opacity=1.0 - 0.25 * j),
+                                 text=[f"lr {rule}"] * len(gr), textposition="outside",
+                                 **_err(gr, "statistical_efficiency")), 1, 2)
+    fig.add_hline(y=1.0, line=dict(dash="dot", color="grey"), row=1, col=2)
+    _legend_key(fig, sorted(table["model"].unique()),
+                extra=[("light: step speedup; solid: time-to-target speedup",
+                        dict(mode="markers", marker=dict(symbol="square", color=GREY, size=12)))])
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(barmode="group", title=title, template=TEMPLATE, height=460)
+    return fig
+
+
+# -- compounding ------------------------------------------------------------------------------------
+KERNEL_COLORS = {"reference": "#9ecae1", "fast": "#4292c6", "compiled": "#08306b"}
+"""KAN kernel paths as shades of the KAN colour (light: reference, dark: compiled)."""
+
+
+def kernel_color(kernel: str) -> str:
+    return KERNEL_COLORS.get(str(kernel).split("+")[0], GREY)
+
+
+def _kernel_label(k: str, impl: str) -> str:
+    return k if k == impl else f"{impl} (ran {k})"
+
+
+def compounding_figure(table: pd.DataFrame, title: str = "Kernel speedup x data-parallel speedup") -> go.Figure:
+    """Per placement and kernel (kanlib.results.compounding_table): the measured combined speedup over
+    the reference kernel on the smallest placement (bar, with its interval) and the product of the kernel
+    speedup and the reference kernel's DDP speedup (diamond outline over the same bar: what compounding
+    would give); right: each kernel's parallel efficiency. Colour: kernel path (shades of the KAN colour)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Combined speedup: measured (bar) vs product (diamond)",
+                                                        "Parallel efficiency of each kernel"))
+    places = sorted(set(table["placement"]), key=results.placement_key)
+    kernels = list(dict.fromkeys(zip(table["kernel"], table["kan_impl"])))
+    width = 0.8 / max(1, len(kernels))
+    for j, (k, impl) in enumerate(kernels):
+        g = table[(table["kernel"] == k) & (table["kan_impl"] == impl)]
+        name = _kernel_label(k, impl)
+        col = kernel_color(k)
+        # numeric x: the bar and its diamond share a position (a category axis would centre the diamond)
+        x = [places.index(p) + (j - (len(kernels) - 1) / 2) * width for p in g["placement"]]
+        fig.add_trace(go.Bar(x=x, y=g["measured"], width=width, name=f"{name} measured", legendgroup=name,
+                             showlegend=False, marker=dict(color=col), **_err(g, "measured")), 1, 1)
+        fig.add_trace(go.Scatter(x=x, y=g["product"], mode="markers", name=f"{name} product", legendgroup=name,
+                                 showlegend=False, marker=dict(symbol="diamond-open", size=12, color=col,
+                                                               line=dict(width=2)),
+                                 hovertext=[f"{name} {p}: product {a:.2f}x, measured {b:.2f}x" for p, a, b in
+                                            zip(g["placement"], g["product"], g["measured"])], hoverinfo="text"), 1, 1)
+        fig.add_trace(go.Bar(x=x, y=g["efficiency"], width=width, name=f"{name} efficiency", legendgroup=name,
+                             showlegend=False, marker=dict(color=col),
+                             **_err(g.assign(efficiency_lo=g["ddp_speedup_lo"] / g["world_size"],
+                                             efficiency_hi=g["ddp_speedup_hi"] / g["world_size"]), "efficiency")), 1, 2)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"kernel {name}", legendgroup=name,
+                                 marker=dict(symbol="square", size=12, color=col)))
+    _legend_key(fig, extra=[("diamond outline: kernel speedup x reference DDP speedup",
+                             dict(mode="markers", marker=dict(symbol="diamond-open", size=12, color=GREY)))])
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_xaxes(tickvals=list(range(len(places))), ticktext=places,
+                     title_text="placement (nodes x processes per node)")
+    fig.update_layout(title=title, template=TEMPLATE, height=460)
+    return fig
+
+
+# -- data-parallel options ---------------------------------------------------------------------------
+HARM_COLOR = "#d62728"
+
+
+def options_figure(table: pd.DataFrame, title: str = "Data-parallel options against plain DDP") -> go.Figure:
+    """Per option and placement (kanlib.results.options_table): step time relative to plain DDP, exposed
+    communication, and the validation loss after the same samples relative to plain DDP (the shaded band
+    is the tolerance). Colour: model; marker: placement; a red outline marks an option whose validation
+    loss is worse than plain DDP's by more than the tolerance."""
+    tol = float(table.attrs.get("tolerance", 0.0))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("Step time / plain DDP", "Exposed communication (ms)",
+                                                        "Validation loss vs plain DDP (%)"))
+    t = table.copy()
+    if "model" not in t:
+        t["model"] = "kan"
+    for key, g in results._groupby(t, ["model", "placement"]):
+        m, p = key["model"], key["placement"]
+        harm = g["harms_convergence"].fillna(False).astype(bool).to_numpy()
+        marker = dict(symbol=placement_symbol(p), size=11, color=model_color(m),
+                      line=dict(color=[HARM_COLOR if h else model_color(m) for h in harm], width=[3 if h else 0 for h in harm]))
+        hover = [f"{o} at {p}<br>step {s * 1e3:.3g} ms ({r:.2f}x plain)<br>exposed {e * 1e3:.3g} ms<br>val loss {v:.5g} "
+                 f"({d:+.2%} vs plain)" for o, s, r, e, v, d in
+                 zip(g["option"], g["step_time_s"], g["step_time_ratio"], g["exposed_s"], g["val_loss"],
+                     g["val_loss_rel_delta"])]
+        style = dict(mode="markers", legendgroup=str(m), showlegend=False, name=f"{m} {p}", marker=marker,
+                     hovertext=hover, hoverinfo="text")
+        fig.add_trace(go.Scatter(x=g["option"], y=g["step_time_ratio"], **style), 1, 1)
+        fig.add_trace(go.Scatter(x=g["option"], y=g["exposed_s"] * 1e3, **style), 1, 2)
+        fig.add_trace(go.Scatter(x=g["option"], y=g["val_loss_rel_delta"] * 100, **style), 1, 3)
+    fig.add_hline(y=1.0, line=dict(dash="dot", color="grey"), row=1, col=1)
+    fig.add_hrect(y0=-tol * 100, y1=tol * 100, fillcolor="grey", opacity=0.15, line_width=0, row=1, col=3)
+    _legend_key(fig, sorted(t["model"].unique()), _drawn_placements(fig, t),
+                extra=[(f"red outline: validation loss > {tol:.1%} above plain DDP",
+                        dict(mode="markers", marker=dict(symbol="circle", size=11, color="white",
+                                                         line=dict(color=HARM_COLOR, width=3))))])
+    fig.update_xaxes(tickangle=-30)
+    fig.update_layout(title=title, template=TEMPLATE, height=500)
+    return fig
+
+
+# -- FSDP ----------------------------------------------------------------------------------------------
+PARALLELISM_STYLE = {"ddp": dict(dash="solid", open=False), "fsdp": dict(dash="dashdot", open=True)}
+
+
+def fsdp_figure(table: pd.DataFrame, title: str = "FSDP against DDP per model size") -> go.Figure:
+    """Per model size (kanlib.results.fsdp_table): measured peak memory per process and step time
+    under DDP (solid line, filled markers) and FSDP (dash-dot line, open markers), and the analytic
+    per-process state (thin dotted lines: the whole model's under DDP, a 1/N shard under FSDP).
+    Colour: model; marker: placement."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Peak memory per process (MiB)", "Step time (ms)"))
+    for key, g in results._groupby(table, ["model", "placement"]):
+        m, p = key["model"], key["placement"]
+        g = g.sort_values("n_params")
+        for par in ("ddp", "fsdp"):
+            st = PARALLELISM_STYLE[par]
+            sym = placement_symbol(p) + ("-open" if st["open"] else "")
+            mode = "lines+markers" if len(g) > 1 else "markers"
+            common = dict(mode=mode, legendgroup=str(m), showlegend=False, name=f"{m} {p} {par}",
+                          line=dict(color=model_color(m), dash=st["dash"]),
+                          marker=dict(symbol=sym, size=10, color=model_color(m)))
+            fig.add_trace(go.Scatter(x=g["n_params"], y=g[f"peak_mem_{par}"] / 2**20, **common), 1, 1)
+            fig.add_trace(go.Scatter(x=g["n_params"], y=g[f"step_{par}_s"] * 1e3, **common), 1, 2)
+            if len(g) > 1:
+                fig.add_trace(go.Scatter(x=g["n_params"], y=g[f"state_{par}_bytes"] / 2**20, mode="lines",
+                                         name=f"{m} {p} {par} analytic state", legendgroup=str(m), showlegend=False,
+                                         line=dict(color=model_color(m), dash="dot", width=1)), 1, 1)
+    _legend_key(fig, sorted(table["model"].unique()), sorted(set(table["placement"]), key=results.placement_key),
+                extra=[("DDP: solid line, filled marker", dict(mode="lines+markers", line=dict(color=GREY),
+                                                              marker=dict(symbol="circle", color=GREY))),
+                       ("FSDP: dash-dot line, open marker", dict(mode="lines+markers",
+                                                                line=dict(color=GREY, dash="dashdot"),
+                                                                marker=dict(symbol="circle-open", color=GREY))),
+                       ("dotted: analytic state per process", dict(mode="lines", line=dict(color=GREY, dash="dot")))])
+    fig.update_xaxes(type="log", title_text="parameters")
+    fig.update_yaxes(type="log")
+    fig.update_layout(title=title, template=TEMPLATE, height=440)
+    return fig
+
+
+# -- extrapolation -------------------------------------------------------------------------------------
+ALGO_DASH = {"ring": "solid", "tree": "dot", "auto": "dash"}
+_SIZE_COLORS = ("#08306b", "#2171b5", "#6baed6", "#9ecae1", "#4a1486", "#807dba")
+
+
+def size_color(i: int) -> str:
+    """The colour of the i-th KAN size of an extrapolation (shades of the KAN colour)."""
+    return _SIZE_COLORS[i % len(_SIZE_COLORS)]
+
+
+def extrapolation_figure(table: pd.DataFrame, measured: pd.DataFrame | None = None, target: float = 0.8,
+                         title: str = "Predicted scaling to thousands of GPUs") -> go.Figure:
+    """Predicted efficiency and exposed share of the step against world size (log2) for each KAN size
+    (colour: a shade of the KAN colour per size), algorithm (line style) and bucket size (a subplot pair
+    each), from kanlib.commmodel.extrapolation_table; the dotted line is the target. ``measured``: rows
+    with ``world_size``, ``efficiency``, ``pred_efficiency``, ``placement`` and ``label`` - measured
+    strong-scaling points (filled markers) beside the model's prediction for the same configuration
+    (open markers), drawn in every efficiency panel."""
+    caps = sorted(table["bucket_cap_mb"].unique())
+    fig, cols = _grid(len(caps), 2, [f"{c:g} MiB buckets" for c in caps],
+                      ["Predicted efficiency", "Exposed communication / step"], height_per_row=340,
+                      vertical_spacing=min(0.2, 0.7 / max(1, 2 * math.ceil(len(caps) / FACET_COLS))))
+    sizes = list(dict.fromkeys(table["kan"]))
+    for i, cap in enumerate(caps):
+        g = table[table["bucket_cap_mb"] == cap]
+        for (kan, algo), s in g.groupby(["kan", "algo"], sort=False):
+            s = s.sort_values("world_size")
+            col = size_color(sizes.index(kan))
+            hover = [f"{kan} ({n:,} parameters), {algo}, {cap:g} MiB<br>N={w} ({a}x{b})<br>E={e:.1%}, exposed "
+                     f"{o:.1%}" for n, w, a, b, e, o in zip(s["n_params"], s["world_size"], s["nnodes"],
+                                                            s["nproc_per_node"], s["efficiency"],
+                                                            s["overhead_fraction"])]
+            style = dict(mode="lines", legendgroup=f"size {kan}", showlegend=False, name=f"{kan} {algo}",
+                         line=dict(color=col, dash=ALGO_DASH.get(algo, "dash")), hovertext=hover, hoverinfo="text")
+            r, c = _cell(i, 0, cols, 2)
+            fig.add_trace(go.Scatter(x=s["world_size"], y=s["efficiency"], **style), r, c)
+            r, c = _cell(i, 1, cols, 2)
+            fig.add_trace(go.Scatter(x=s["world_size"], y=s["overhead_fraction"], **style), r, c)
+        r, c = _cell(i, 0, cols, 2)
+        fig.add_hline(y=target, line=dict(dash="dot", color="grey"), row=r, col=c)
+        if measured is not None and len(measured):
+            for _, mrow in measured.iterrows():
+                hover = f"measured {mrow['label']} at {mrow['placement']}: E={mrow['efficiency']:.1%}"
+                fig.add_trace(go.Scatter(x=[mrow["world_size"]], y=[mrow["efficiency"]], mode="markers",
+                                         name=f"measured {mrow['placement']}", legendgroup="measured", showlegend=False,
+                                         hovertext=[hover], hoverinfo="text",
+                                         marker=dict(symbol=placement_symbol(mrow["placement"]), size=11,
+                                                     color=model_color("kan"))), r, c)
+                fig.add_trace(go.Scatter(x=[mrow["world_size"]], y=[mrow["pred_efficiency"]], mode="markers",
+                                         name=f"predicted {mrow['placement']}", legendgroup="measured",
+                                         showlegend=False, hovertext=[f"model for {mrow['label']} at "
+                                                                      f"{mrow['placement']}: E="
+                                                                      f"{mrow['pred_efficiency']:.1%}"],
+                                         hoverinfo="text",
+                                         marker=dict(symbol=placement_symbol(mrow["placement"]) + "-open", size=13,
+                                                     color=model_color("kan"), line=dict(width=2))), r, c)
+        for k in range(2):
+            r, c = _cell(i, k, cols, 2)
+            fig.update_xaxes(type="log", title_text="world size (GPUs)", row=r, col=c)
+            fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=r, col=c)
+    for j, kan in enumerate(sizes):
+        n = int(table.loc[table["kan"] == kan, "n_params"].iloc[0])
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"{kan} ({n:,} parameters)",
+                                 legendgroup=f"size {kan}", line=dict(color=size_color(j), width=3)))
+    extra = [(f"line: {a}", dict(mode="lines", line=dict(color=GREY, dash=ALGO_DASH.get(a, "dash"))))
+             for a in dict.fromkeys(table["algo"])]
+    if measured is not None and len(measured):
+        extra.append(("filled: measured; open: model for that run", dict(mode="markers", marker=dict(
+            symbol="circle-open", size=11, color=model_color("kan")))))
+    _legend_key(fig, placements=sorted(set(measured["placement"]), key=results.placement_key)
+                if measured is not None and len(measured) else (), extra=extra)
+    fig.update_layout(title=title, template=TEMPLATE)
+    return fig
+
+
+# -- the published setup ------------------------------------------------------------------------------
+_SCENARIO_COLORS = ("#9ecae1", "#4292c6", "#08306b", "#807dba")
+
+
+def published_figure(comparisons: dict, title: str = "The published setup (8 GPUs = 4 nodes x 2) through the model"
+                     ) -> go.Figure:
+    """Predicted speedup, efficiency and communication overhead at the published shape per scenario
+    (``{name: kanlib.presets.published_comparison(...)}``) as bars, the published 5.97x, 74.7% and
+    1.3-6.1% as dotted lines and a band."""
+    from kanlib.presets import PUBLISHED
+
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("Speedup at 8 GPUs", "Efficiency", "Exposed communication / step"))
+    for i, (name, r) in enumerate(comparisons.items()):
+        t = r["table"].set_index("quantity")["predicted"].tolist()
+        for col, v in enumerate(t, start=1):
+            fig.add_trace(go.Bar(x=[f"S{i + 1}"], y=[v], name=name, legendgroup=name, showlegend=col == 1,
+                                 marker=dict(color=_SCENARIO_COLORS[i % len(_SCENARIO_COLORS)]),
+                                 hovertext=[f"{name}: {v:.3g}"], hoverinfo="text"), 1, col)
+    fig.add_hline(y=PUBLISHED["speedup"], line=dict(dash="dot", color="grey"), row=1, col=1)
+    fig.add_hline(y=PUBLISHED["efficiency"], line=dict(dash="dot", color="grey"), row=1, col=2)
+    fig.add_hrect(y0=PUBLISHED["overhead_fraction_min"], y1=PUBLISHED["overhead_fraction_max"], fillcolor="grey",
+                  opacity=0.2, line_width=0, row=1, col=3)
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(tickformat=".0%", row=1, col=2)
+    fig.update_yaxes(tickformat=".1%", row=1, col=3)
+    fig.update_layout(title=title, template=TEMPLATE, height=420, legend=dict(orientation="h", y=-0.15))
+    return fig

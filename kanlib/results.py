@@ -265,6 +265,9 @@ STUDY_AXES = {
     "communication": ("comm_hook", "emulate_latency_s", "emulate_bandwidth_bytes_per_s", "nnodes",
                       "nproc_per_node", "bucket_cap_mb", "nccl_algo"),
     "model_size": ("model", "widths", "grid_size"),
+    # a strong series shares a global batch, a weak one a per-process batch (time_to_accuracy_table finds both)
+    "time_to_accuracy": ("nnodes", "nproc_per_node", "global_batch", "local_batch", "n_train", "lr_base_batch"),
+    "compounding": ("nnodes", "nproc_per_node", "kan_impl"),
 }
 # What one sweep of each study varies (runners/studies.py); records that differ in anything else
 # come from several sweeps.
@@ -272,8 +275,11 @@ STUDY_DESIGN = {
     "strong_scaling": ("nnodes", "nproc_per_node", "global_batch", "widths", "n_train"),
     "weak_scaling": ("nnodes", "nproc_per_node", "global_batch", "local_batch"),
     "communication": ("nnodes", "nproc_per_node", "bucket_cap_mb", "nccl_algo", "comm_hook",
-                      "emulate_latency_s", "emulate_bandwidth_bytes_per_s"),
+                      "emulate_latency_s", "emulate_bandwidth_bytes_per_s", "grad_accum_steps",
+                      "gradient_as_bucket_view", "static_graph", "powersgd_rank"),
     "model_size": ("model", "widths", "grid_size", "parallelism"),
+    "time_to_accuracy": ("nnodes", "nproc_per_node", "global_batch", "lr_rule", "lr_base_batch", "n_train"),
+    "compounding": ("nnodes", "nproc_per_node", "kan_impl"),
 }
 
 
@@ -325,7 +331,8 @@ def design(df: pd.DataFrame, study: str | None = None, extra: tuple[str, ...] = 
     axes; ``extra`` fields are added (and kept even when constant)."""
     study = study or (str(df["study"].iloc[0]) if "study" in df and len(df) else "")
     axes = list(STUDY_AXES.get(study, ("nnodes", "nproc_per_node")))
-    candidates = [f for f in config_fields() + list(RECORD_GROUP_FIELDS) + ["local_batch"]
+    # backend and device are config fields and record fields (the values used): each once
+    candidates = [f for f in dict.fromkeys(config_fields() + list(RECORD_GROUP_FIELDS) + ["local_batch"])
                   if f not in BOOKKEEPING and f not in axes]
     groups = [f for f in candidates if f in df and _varies(df[f])]
     groups += [f for f in extra if f not in groups and f in df]
@@ -639,7 +646,10 @@ def model_size_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.
         n = int(g["n_params"].iloc[0])
         mem = float(np.median(g["peak_mem_bytes"].to_numpy(float)))
         state = float(g["model_state_bytes"].iloc[0]) if "model_state_bytes" in g else np.nan
+        val = pd.to_numeric(g["final_val_loss"], errors="coerce") if "final_val_loss" in g else pd.Series([np.nan])
         rows.append({**key, "placement": placement_of(key["nnodes"], key["nproc_per_node"]), "n_runs": len(g),
+                     "world_size": int(key["nnodes"]) * int(key["nproc_per_node"]),
+                     "final_val_loss": float(val.median()) if val.notna().any() else np.nan,
                      "n_params": n, "depth": len(key["widths"]) - 1 if "widths" in key else np.nan,
                      "step_time_s": st, "step_time_lo": lo, "step_time_hi": hi,
                      "peak_mem_bytes": mem, "model_state_bytes": state,
@@ -650,3 +660,408 @@ def model_size_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.
     if not out.empty:
         out = out.sort_values(["model", "n_params"], kind="stable").reset_index(drop=True)
     return _finish(out, d, dropped, "step_time_s")
+
+
+# -- selecting records -------------------------------------------------------------------------
+def select_records(recs: pd.DataFrame, key: dict) -> pd.DataFrame:
+    """The rows of ``recs`` whose fields equal ``key`` (lists and tuples compare alike; NaN matches NaN;
+    a key field the frame lacks is ignored)."""
+    sel = pd.Series(True, index=recs.index)
+    for k, v in key.items():
+        if k not in recs:
+            continue
+        want = _hashable(v)
+        col = recs[k].map(_hashable)
+        if isinstance(want, float) and np.isnan(want):
+            sel &= col.isna()
+        else:
+            sel &= col.map(lambda x, w=want: x == w).astype(bool)
+    return recs[sel]
+
+
+def _constant(df: pd.DataFrame, col: str, default):
+    """The value of ``col`` when every row has the same one (``default`` when the column is missing)."""
+    if col not in df:
+        return default
+    vals = df[col].map(_hashable).dropna().unique()
+    return vals[0] if len(vals) == 1 else default
+
+
+# -- time to accuracy --------------------------------------------------------------------------
+def _num(g: pd.DataFrame, col: str) -> np.ndarray:
+    """``g[col]`` as a writable float array (NaN where not a number, or everywhere when missing)."""
+    if col not in g:
+        return np.full(len(g), np.nan)
+    return np.array(pd.to_numeric(g[col], errors="coerce"), dtype=float)
+
+
+def _ratio_ci(a: np.ndarray, b: np.ndarray, rng, n_boot: int, scale: float = 1.0) -> tuple[float, float, float]:
+    """``scale * median(a) / median(b)`` with a bootstrap 95% interval resampling both (NaN when either
+    has no finite value)."""
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if not a.size or not b.size:
+        return float("nan"), float("nan"), float("nan")
+    r = scale * float(np.median(a)) / float(np.median(b))
+    lo, hi = _q(scale * _boot_medians(a, rng, n_boot) / _boot_medians(b, rng, n_boot))
+    return r, lo, hi
+
+
+def time_to_accuracy_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Time to a target validation loss, per series, group and placement.
+
+    A **strong** series holds one global batch at several world sizes (the time-to-target speedup
+    should equal the step speedup: the same samples per step, so the same steps to the target); a
+    **weak** series holds one per-process batch (``local_batch``) at several world sizes, so the global
+    batch grows with N and so may the samples needed (statistical efficiency). Both are found in the
+    same records: a folder may hold both kinds. Groups: every other config field that differs
+    (``lr_rule``, task, widths, ...).
+
+    Per row, over the repeats that reached the target (``n_reached`` of ``n_runs``; medians of runs that
+    did not are undefined, so ``all_reached`` says when a median leaves some out): ``steps_to_target``,
+    ``samples_to_target``, ``time_to_target_s`` (training wall time, evaluations excluded; ``_lo``/``_hi``
+    its bootstrap 95% interval), ``step_time_s``, ``final_val_loss``, ``final_val_accuracy``. Against the
+    series' smallest placement ``N0``: ``time_speedup = TTT(N0) N0 / TTT(N)`` and ``step_speedup = T(N0) N0
+    / T(N)`` (each with an interval), and for weak series ``statistical_efficiency = samples(N0) /
+    samples(N)`` (1: the larger batch needs no more samples; 0.5: twice as many).
+    """
+    df, dropped = _valid(_placement_cols(df), "step_time_s")
+    df["local_batch"] = df["global_batch"] // df["world_size"]
+    d = _groups_of(df, "time_to_accuracy", ())
+    rows = []
+    for key, g in _groupby(df, d.groups):
+        for kind, by in (("strong", "global_batch"), ("weak", "local_batch")):
+            for batch, s in g.groupby(by, sort=True):
+                pts = _placements(s)
+                if s["world_size"].nunique() < 2 or (kind == "weak" and s["global_batch"].nunique() < 2):
+                    continue  # a series spans world sizes; a weak one needs a global batch that grows with them
+                rng = np.random.default_rng(seed)
+                p0 = pts[0]
+                n0 = p0[0] * p0[1]
+                base = _at(s, *p0)
+                for p in pts:
+                    at = _at(s, *p)
+                    n = p[0] * p[1]
+                    reached = at["reached_target"].fillna(False).astype(bool).to_numpy() if "reached_target" in at \
+                        else np.zeros(len(at), bool)
+                    ttt = _num(at, "time_to_target_s")
+                    ttt[~reached] = np.nan
+                    t_med, t_lo, t_hi = (_median_ci(ttt[np.isfinite(ttt)], n_boot, seed) if np.isfinite(ttt).any()
+                                         else (np.nan, np.nan, np.nan))
+                    row = {**key, "series": kind, "series_batch": int(batch), "world_size": n, "nnodes": p[0],
+                           "nproc_per_node": p[1], "placement": placement_of(*p), "inter_node": p[0] > 1,
+                           "global_batch": int(at["global_batch"].iloc[0]), "local_batch": int(at["local_batch"].iloc[0]),
+                           "n_runs": int(len(at)), "n_reached": int(reached.sum()),
+                           "all_reached": bool(reached.all()),
+                           "steps_to_target": float(np.nanmedian(np.where(reached, _num(at, "steps_to_target"), np.nan)))
+                           if reached.any() else np.nan,
+                           "samples_to_target": float(np.nanmedian(np.where(reached, _num(at, "samples_to_target"),
+                                                                            np.nan))) if reached.any() else np.nan,
+                           "time_to_target_s": t_med, "time_to_target_lo": t_lo, "time_to_target_hi": t_hi,
+                           "step_time_s": float(np.median(_num(at, "step_time_s"))),
+                           "final_val_loss": float(np.nanmedian(_num(at, "final_val_loss")))
+                           if np.isfinite(_num(at, "final_val_loss")).any() else np.nan,
+                           "final_val_accuracy": float(np.nanmedian(_num(at, "final_val_accuracy")))
+                           if np.isfinite(_num(at, "final_val_accuracy")).any() else np.nan,
+                           "chance_accuracy": float(np.nanmedian(_num(at, "chance_accuracy")))
+                           if np.isfinite(_num(at, "chance_accuracy")).any() else np.nan}
+                    b_ttt = _num(base, "time_to_target_s")
+                    b_reached = base["reached_target"].fillna(False).astype(bool).to_numpy() \
+                        if "reached_target" in base else np.zeros(len(base), bool)
+                    b_ttt[~b_reached] = np.nan
+                    if p == p0:
+                        row.update(time_speedup=float(n0) if np.isfinite(t_med) else np.nan,
+                                   time_speedup_lo=float(n0) if np.isfinite(t_med) else np.nan,
+                                   time_speedup_hi=float(n0) if np.isfinite(t_med) else np.nan,
+                                   step_speedup=float(n0), step_speedup_lo=float(n0), step_speedup_hi=float(n0))
+                    else:
+                        ts, ts_lo, ts_hi = _ratio_ci(b_ttt, ttt, rng, n_boot, n0)
+                        ss, ss_lo, ss_hi = _ratio_ci(_num(base, "step_time_s"), _num(at, "step_time_s"), rng, n_boot, n0)
+                        row.update(time_speedup=ts, time_speedup_lo=ts_lo, time_speedup_hi=ts_hi,
+                                   step_speedup=ss, step_speedup_lo=ss_lo, step_speedup_hi=ss_hi)
+                    if kind == "weak":
+                        b_samples = np.where(b_reached, _num(base, "samples_to_target"), np.nan)
+                        samples = np.where(reached, _num(at, "samples_to_target"), np.nan)
+                        se, se_lo, se_hi = ((1.0, 1.0, 1.0) if p == p0 and reached.any() else
+                                            _ratio_ci(b_samples, samples, rng, n_boot))
+                        row.update(statistical_efficiency=se, statistical_efficiency_lo=se_lo,
+                                   statistical_efficiency_hi=se_hi)
+                    rows.append(row)
+    out = pd.DataFrame(rows)
+    if not out.empty and "statistical_efficiency" not in out:
+        out["statistical_efficiency"] = out["statistical_efficiency_lo"] = out["statistical_efficiency_hi"] = np.nan
+    return _finish(out, d, dropped, "step_time_s")
+
+
+def val_curves(df: pd.DataFrame) -> pd.DataFrame:
+    """The validation-loss curve of every run in ``df`` (records with ``record_path``), from each run's
+    ``steps.csv``: one row per evaluation with ``steps`` (optimizer steps done), ``samples``
+    (steps x global batch), ``train_time_s`` (cumulative step time of rank 0 up to that step, s),
+    ``val_loss``, ``val_accuracy``, and the run's ``placement``, ``world_size``, ``global_batch``,
+    ``lr_rule``, ``repeat``, ``run_key`` and ``record_path``. Runs without evaluations add no rows; a
+    run whose ``steps.csv`` is missing is named in ``attrs['missing']``."""
+    df = _placement_cols(df)
+    parts, missing = [], []
+    for _, r in df.iterrows():
+        run_dir = os.path.dirname(str(r.get("record_path", "")))
+        if not os.path.exists(os.path.join(run_dir, STEPS_NAME)):
+            missing.append(run_dir)
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a truncated last row is dropped; the curve needs none of it
+            s = load_steps(run_dir)
+        s = s.sort_values(["step", "attempt"]).drop_duplicates("step", keep="last")
+        s["train_time_s"] = s["step_time_s"].fillna(0).cumsum()
+        s = s[np.isfinite(s["val_loss"].to_numpy(float))]
+        if s.empty:
+            continue
+        out = pd.DataFrame({"steps": s["step"].to_numpy() + 1, "val_loss": s["val_loss"].to_numpy(float),
+                            "val_accuracy": s["val_accuracy"].to_numpy(float),
+                            "train_time_s": s["train_time_s"].to_numpy(float)})
+        out["samples"] = out["steps"] * int(r["global_batch"])
+        for c in ("placement", "world_size", "nnodes", "nproc_per_node", "global_batch", "lr_rule", "repeat", "run_key",
+                  "record_path", "model", "task", "target_val_loss"):
+            out[c] = r.get(c)
+        parts.append(out)
+    cols = ["steps", "samples", "train_time_s", "val_loss", "val_accuracy", "placement", "world_size", "nnodes",
+            "nproc_per_node", "global_batch", "lr_rule", "repeat", "run_key", "record_path", "model", "task",
+            "target_val_loss"]
+    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+    out.attrs["missing"] = missing
+    return out
+
+
+# -- compounding: kernel speedup x data-parallel speedup ----------------------------------------
+KERNEL_ORDER = ("reference", "fast", "compiled")
+
+
+def kernel_of(df: pd.DataFrame) -> pd.Series:
+    """The KAN kernel path each record actually ran (``kan_path``; several paths joined by ``+``), falling
+    back to the requested ``kan_impl`` for records that do not say (schema 1, non-KAN models)."""
+    path = df["kan_path"] if "kan_path" in df else pd.Series("", index=df.index)
+    impl = df["kan_impl"] if "kan_impl" in df else pd.Series("", index=df.index)
+    path = path.fillna("").astype(str)
+    return path.where(path != "", impl.fillna("").astype(str))
+
+
+def _kernel_rank(k: str) -> tuple:
+    return (KERNEL_ORDER.index(k) if k in KERNEL_ORDER else len(KERNEL_ORDER), k)
+
+
+def compounding_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Does a faster KAN kernel's speedup multiply with the data-parallel speedup?
+
+    Rows per (group, kernel, placement). The kernel is what ran (``kan_path``, :func:`kernel_of`), kept
+    apart by the requested ``kan_impl`` too (``compiled`` that fell back to the eager path is its own
+    row, ``fell_back`` True). With the group's smallest placement ``N0`` and the slowest kernel measured
+    there as the baseline (``reference`` when present), medians over repeats:
+
+    - ``kernel_speedup = T(ref, N0) / T(k, N0)``;
+    - ``ddp_speedup = T(k, N0) N0 / T(k, N)``, ``efficiency = ddp_speedup / N``;
+    - ``product = kernel_speedup x ddp_speedup(ref, N)``: the combination if the two compounded;
+    - ``measured = T(ref, N0) N0 / T(k, N)``: the combination as measured (bootstrap 95% interval);
+    - ``compounding = measured / product = ddp_speedup(k, N) / ddp_speedup(ref, N)``: below 1 when the
+      faster kernel exposes communication and lowers the parallel efficiency
+      (``efficiency_change = efficiency - efficiency(ref)``).
+    """
+    df, dropped = _valid(_placement_cols(df), "step_time_s")
+    df["kernel"] = kernel_of(df)
+    d = _groups_of(df, "compounding", ())
+    rows = []
+    for key, g in _groupby(df, d.groups):
+        rng = np.random.default_rng(seed)
+        pts = _placements(g)
+        p0 = pts[0]
+        n0 = p0[0] * p0[1]
+        kernels = sorted({(k, i) for k, i in zip(g["kernel"], g["kan_impl"])},
+                         key=lambda ki: (_kernel_rank(ki[0]), _kernel_rank(ki[1])))
+        t = {(k, i, p): _at(g[(g["kernel"] == k) & (g["kan_impl"] == i)], *p)["step_time_s"].to_numpy(float)
+             for k, i in kernels for p in pts}
+        at_base = [ki for ki in kernels if t[(*ki, p0)].size]
+        if not at_base:
+            continue
+        ref = next((ki for ki in at_base if ki[0] == "reference"), None) or \
+            max(at_base, key=lambda ki: float(np.median(t[(*ki, p0)])))
+        t_ref0 = t[(*ref, p0)]
+        for k, i in kernels:
+            t0 = t[(k, i, p0)]
+            ks, ks_lo, ks_hi = _ratio_ci(t_ref0, t0, rng, n_boot) if t0.size else (np.nan,) * 3
+            for p in pts:
+                v = t[(k, i, p)]
+                if not v.size:
+                    continue
+                n = p[0] * p[1]
+                med, lo, hi = _median_ci(v, n_boot, seed)
+                ds, ds_lo, ds_hi = _ratio_ci(t0, v, rng, n_boot, n0) if t0.size else (np.nan,) * 3
+                ref_p = t[(*ref, p)]
+                ds_ref = float(np.median(t_ref0)) * n0 / float(np.median(ref_p)) if ref_p.size else np.nan
+                ms, ms_lo, ms_hi = _ratio_ci(t_ref0, v, rng, n_boot, n0)
+                product = ks * ds_ref
+                rows.append({**key, "kernel": k, "kan_impl": i, "fell_back": k != i, "baseline_kernel": ref[0],
+                             "world_size": n, "nnodes": p[0], "nproc_per_node": p[1], "placement": placement_of(*p),
+                             "inter_node": p[0] > 1, "n_runs": int(v.size), "step_time_s": med, "step_time_lo": lo,
+                             "step_time_hi": hi, "kernel_speedup": ks, "kernel_speedup_lo": ks_lo,
+                             "kernel_speedup_hi": ks_hi, "ddp_speedup": ds, "ddp_speedup_lo": ds_lo,
+                             "ddp_speedup_hi": ds_hi, "efficiency": ds / n, "efficiency_ref": ds_ref / n,
+                             "efficiency_change": ds / n - ds_ref / n, "product": product, "measured": ms,
+                             "measured_lo": ms_lo, "measured_hi": ms_hi, "compounding": ms / product
+                             if product and np.isfinite(product) else np.nan})
+    return _finish(pd.DataFrame(rows), d, dropped, "step_time_s")
+
+
+# -- data-parallel options against plain DDP -----------------------------------------------------
+OPTION_FIELDS = {"comm_hook": "timed", "grad_accum_steps": 1, "gradient_as_bucket_view": False, "static_graph": False}
+"""The data-parallel options of the communication study and their plain-DDP values."""
+PLAIN_BUCKET_MB = 25.0
+"""DDP's default bucket cap: the plain point a bucket-size option is compared with."""
+
+
+def plain_ddp(t: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a communication table that are plain DDP: the timed full-precision hook and every
+    option of :data:`OPTION_FIELDS` at its plain value (a missing value predates the
+    option: plain). The option fields leave the group fields, so figures do not facet by them."""
+    attrs = dict(t.attrs)
+    out = t
+    for f, v in OPTION_FIELDS.items():
+        if f in out:
+            out = out[out[f].isna() | (out[f].map(_hashable) == v)]
+    out = out.copy()
+    out.attrs = {**attrs, "group_fields": [f for f in attrs.get("group_fields", []) if f not in OPTION_FIELDS]}
+    return out
+
+
+def option_label(opts: dict, bucket_cap_mb: float, powersgd_rank: int | None = None) -> str:
+    """A readable name of a data-parallel option set: ``plain DDP``, ``bf16``, ``powersgd rank 1``,
+    ``grad_accum_steps=2``, ``0.05 MiB buckets``, joined by ``+``."""
+    parts = []
+    hook = opts.get("comm_hook", "timed")
+    if hook != "timed":
+        parts.append(f"powersgd rank {int(powersgd_rank or 1)}" if hook == "powersgd" else hook)
+    if int(opts.get("grad_accum_steps", 1)) != 1:
+        parts.append(f"grad_accum_steps={int(opts['grad_accum_steps'])}")
+    for f in ("gradient_as_bucket_view", "static_graph"):
+        if bool(opts.get(f, False)):
+            parts.append(f)
+    if float(bucket_cap_mb) != PLAIN_BUCKET_MB:
+        parts.append(f"{float(bucket_cap_mb):g} MiB buckets")
+    return " + ".join(parts) or "plain DDP"
+
+
+def options_table(df: pd.DataFrame, tolerance: float = 0.01, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Each data-parallel option of a communication study (hook compression, PowerSGD, gradient
+    accumulation, ``gradient_as_bucket_view``, ``static_graph``, bucket size) against plain DDP.
+
+    From :func:`communication_table` (step time with the option's communication, exposed communication
+    by the no-op-hook method) and each point's ``final_val_loss`` (median over repeats: every option
+    trains on the same samples, so it is the validation loss after the same samples). Plain DDP is the
+    same point (group, placement, NCCL algorithm, emulated link) with the timed hook and no option; an
+    option that only changes the bucket size is compared with plain DDP at :data:`PLAIN_BUCKET_MB`, any
+    other with plain DDP at its own bucket size. Columns: ``option``, ``is_plain``, the point's fields,
+    ``step_time_s``, ``exposed_s``, ``overhead_fraction``, ``val_loss``, ``plain_step_time_s``,
+    ``plain_exposed_s``, ``plain_val_loss``, ``step_time_ratio``, ``exposed_delta_s``,
+    ``val_loss_delta``, ``val_loss_rel_delta`` and ``harms_convergence`` (relative increase above
+    ``tolerance``); NaN where plain DDP was not measured at that point (``plain_missing``). Points run
+    through an emulated link are the calibration's, not options: they are left out.
+    """
+    if not tolerance >= 0:
+        raise ValueError(f"tolerance: must be >= 0, got {tolerance!r}")
+    df = df.copy()
+    for f, v in OPTION_FIELDS.items():  # records that predate a field ran with its plain value
+        if f in df:
+            df[f] = df[f].astype(object).where(df[f].notna(), v)
+    t = communication_table(df, n_boot=n_boot, seed=seed)
+    if t.empty:
+        return t
+    t = t[(t["emulate_latency_s"] == 0) & (t["emulate_bandwidth_bytes_per_s"] == 0)]
+    if t.empty:
+        return t
+    recs = _placement_cols(df)
+    groups = [f for f in t.attrs.get("group_fields", []) if f in t]
+    point_fields = list(dict.fromkeys(groups + ["nnodes", "nproc_per_node", "bucket_cap_mb", "nccl_algo", "comm_hook",
+                                                "emulate_latency_s", "emulate_bandwidth_bytes_per_s"]))
+    rows = []
+    for _, r in t.iterrows():
+        key = {f: r[f] for f in point_fields if f in r}
+        sel = select_records(recs, key)
+        opts = {f: (r[f] if f in r else _constant(recs, f, v)) for f, v in OPTION_FIELDS.items()}
+        val = _num(sel, "final_val_loss")
+        row = {**r.to_dict(), **opts,
+               "option": option_label(opts, r["bucket_cap_mb"], _constant(sel, "powersgd_rank", 1)),
+               "step_time_s": r["t_allreduce_s"], "val_loss": float(np.nanmedian(val)) if np.isfinite(val).any()
+               else np.nan}
+        row["is_plain"] = row["option"] == "plain DDP"
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    # PowerSGD's rank is the option's own parameter, not a difference of the point plain DDP must share
+    rest = [f for f in groups if f not in OPTION_FIELDS and f not in ("bucket_cap_mb", "powersgd_rank")]
+    same = rest + ["nnodes", "nproc_per_node", "nccl_algo", "emulate_latency_s", "emulate_bandwidth_bytes_per_s"]
+    plain_cols = ("step_time_s", "exposed_s", "val_loss")
+    for c in plain_cols:
+        out[f"plain_{c}"] = np.nan
+    for i, r in out.iterrows():
+        is_default = all(_hashable(r[f]) == _hashable(v) for f, v in OPTION_FIELDS.items())
+        cap = PLAIN_BUCKET_MB if is_default else r["bucket_cap_mb"]
+        want = {f: r[f] for f in same if f in out}
+        cand = select_records(out, {**want, **OPTION_FIELDS, "bucket_cap_mb": cap})
+        if cand.empty and is_default:  # no 25 MiB point: compare with plain DDP at the same bucket size
+            cand = select_records(out, {**want, **OPTION_FIELDS, "bucket_cap_mb": r["bucket_cap_mb"]})
+        if not cand.empty:
+            for c in plain_cols:
+                out.at[i, f"plain_{c}"] = cand.iloc[0][c]
+    out["plain_missing"] = out["plain_step_time_s"].isna()
+    out["step_time_ratio"] = out["step_time_s"] / out["plain_step_time_s"]
+    out["exposed_delta_s"] = out["exposed_s"] - out["plain_exposed_s"]
+    out["val_loss_delta"] = out["val_loss"] - out["plain_val_loss"]
+    out["val_loss_rel_delta"] = out["val_loss_delta"] / out["plain_val_loss"]
+    out["harms_convergence"] = out["val_loss_rel_delta"] > tolerance
+    out = out.sort_values(["nnodes", "nproc_per_node", "is_plain", "option"], ascending=[True, True, False, True],
+                          kind="stable").reset_index(drop=True)
+    out.attrs.update(t.attrs)
+    out.attrs["tolerance"] = tolerance
+    return out
+
+
+# -- FSDP against DDP ------------------------------------------------------------------------------
+def fsdp_table(size: pd.DataFrame, margin: float = 0.05) -> pd.DataFrame:
+    """Per model size measured under both DDP and FSDP (rows of :func:`model_size_table` that differ
+    only in ``parallelism``): peak memory per process (``peak_mem_ddp``, ``peak_mem_fsdp``, ratio
+    ``mem_ratio = fsdp / ddp``), step time (``step_ddp_s``, ``step_fsdp_s``, ``step_ratio``), the analytic
+    per-process state (``state_ddp_bytes``: parameters + gradients + optimizer state of the whole model;
+    ``state_fsdp_bytes``: that divided by the world size, what sharding keeps per process), the final
+    validation losses of both, and ``pays`` = FSDP's measured peak memory below DDP's by more than
+    ``margin`` (a relative fraction). Empty when no size has both."""
+    if size.empty or "parallelism" not in size or size["parallelism"].nunique() < 2:
+        return pd.DataFrame()
+    keys = [c for c in size.attrs.get("group_fields", []) if c in size and c != "parallelism"]
+    keys = list(dict.fromkeys(keys + [c for c in ("model", "widths", "grid_size", "spline_order", "nnodes",
+                                                  "nproc_per_node") if c in size]))
+    rows = []
+    for key, g in _groupby(size, keys):
+        ddp, fsdp = g[g["parallelism"] == "ddp"], g[g["parallelism"] == "fsdp"]
+        if ddp.empty or fsdp.empty:
+            continue
+        a, b = ddp.iloc[0], fsdp.iloc[0]
+        w = int(a["world_size"])
+        rows.append({**key, "placement": a["placement"], "world_size": w, "n_params": int(a["n_params"]),
+                     "peak_mem_ddp": a["peak_mem_bytes"], "peak_mem_fsdp": b["peak_mem_bytes"],
+                     "mem_ratio": b["peak_mem_bytes"] / a["peak_mem_bytes"], "step_ddp_s": a["step_time_s"],
+                     "step_fsdp_s": b["step_time_s"], "step_ratio": b["step_time_s"] / a["step_time_s"],
+                     "state_ddp_bytes": a["model_state_bytes"], "state_fsdp_bytes": a["model_state_bytes"] / w,
+                     "val_loss_ddp": a.get("final_val_loss", np.nan), "val_loss_fsdp": b.get("final_val_loss", np.nan),
+                     "pays": bool(b["peak_mem_bytes"] < (1 - margin) * a["peak_mem_bytes"])})
+    out = pd.DataFrame(rows)
+    if not out.empty:
+        out = out.sort_values(["model", "n_params"], kind="stable").reset_index(drop=True)
+    out.attrs["margin"] = margin
+    return out
+
+
+def fsdp_pays_from(table: pd.DataFrame, model: str = "kan") -> int | None:
+    """The smallest parameter count of ``model`` from which FSDP pays (:func:`fsdp_table`'s ``pays``) at
+    that size and at every larger measured size; None when the data show no such size."""
+    t = table[table["model"] == model].sort_values("n_params") if not table.empty else table
+    best = None
+    for n, pays in zip(reversed(t["n_params"].tolist()), reversed(t["pays"].tolist())):
+        if not pays:
+            break
+        best = int(n)
+    return best

@@ -23,6 +23,12 @@
 # widths give several work sizes per process, from latency-bound to compute-bound. The companion notebook
 # `01_strong_scaling_analysis` turns the records into speedup and efficiency figures. Defaults are tiny
 # (CPU, seconds per run); full-size parameters for a GPU cluster: `make study PARAMS_SET=gpu_cluster` (notebooks/params/gpu_cluster/).
+#
+# `task` picks the data (`kanlib.data`): synthetic regression (`exp_sin`, `highdim`, `product`: any input
+# width, 1 output), scikit-learn's bundled sets (`digits`: 8x8 images, 10 classes, so widths from 64 to 10,
+# e.g. `[64, 32, 10]`, with `n_val` below 1797 and a global batch within the training rows; `diabetes`:
+# 10 inputs, 1 output, `n_val` below 442), a Feynman equation (`feynman:I.6.2`, ...: as many inputs as the
+# equation has variables) or a file (`task="file"`, `data_path`, `target`).
 
 # %% tags=["parameters"]
 placements: list[str] = ["1x1", "1x2", "2x1"]  # N nodes x P processes per node
@@ -33,13 +39,14 @@ kan_impl: str = "fast"  # B-spline path: compiled | fast | reference
 widths: list[int] = [2, 32, 32, 1]  # layer widths, input first
 widths_list: list[list[int]] = []  # several model sizes (empty: widths only)
 grid_size: int = 5  # spline grid intervals
-task: str = "exp_sin"  # exp_sin | highdim | product | file (widths[0] must match its inputs)
+task: str = "exp_sin"  # exp_sin | highdim | product | digits | diabetes | feynman:<name> | file
 global_batch: int = 512  # samples per step summed over all processes
 global_batches: list[int] = [512, 4096]  # several work sizes (empty: global_batch only)
 steps: int = 25  # optimizer steps, warm-up included
 warmup_steps: int = 5  # steps excluded from timing
 repeats: int = 2  # separate runs per point
 n_train: int = 16384  # training samples generated from the seed (task file: at most this many rows)
+n_val: int = 2048  # held-out validation samples (digits: below 1797, diabetes: below 442)
 data_path: str = ""  # task file: a CSV (header, numeric columns) or .npz (x, y) of real data
 target: str = ""  # task file, CSV: the target column (default: the last one)
 threads: int = 1  # torch threads per process

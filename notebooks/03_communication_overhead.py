@@ -14,14 +14,25 @@
 # ---
 
 # %% [markdown]
-# # 03 Communication overhead: total, exposed and overlapped all-reduce time
+# # 03 Communication overhead: total, exposed and overlapped all-reduce time; the link model; DDP options
 #
 # Each point runs twice: once with a communication hook that times every DDP bucket's all-reduce, once with
 # a no-op hook (same bucketing, no network). Exposed communication = T_allreduce - T_noop. Points are
 # placements (`"NxP"`; `1x2` and `2x1` put the same 2 processes on one node and across two), bucket sizes
-# and, on NCCL, `nccl_algos` (`NCCL_ALGO`; every `NCCL_*` variable is recorded). With `emulate_latency_s` /
-# `emulate_bandwidth_bytes_per_s` the multi-node runs go through an emulated inter-node link of that
-# latency and bandwidth (a known cost added in the hook, for calibration and what-if questions).
+# and, on NCCL, `nccl_algos` (`NCCL_ALGO`; every `NCCL_*` variable is recorded).
+#
+# **Data-parallel options** (at `option_placements` and `option_bucket_caps_mb`, each beside its own no-op
+# twin and plain DDP): the compressed hooks of `comm_hooks` (bf16, fp16, PowerSGD with `powersgd_rank`) and the
+# DDP settings of `options` (each a dict of config fields: `grad_accum_steps`, `gradient_as_bucket_view`,
+# `static_graph`, `bucket_cap_mb`, ...). The analysis sets their step time, exposed communication and
+# validation loss after the same samples beside plain DDP's.
+#
+# **Calibration**: the collective benchmark (`kanlib.collbench`, nccl-tests style: all-reduce after a barrier
+# over message sizes) runs at `collbench_placements`, and again at `emulate_placements` through an emulated
+# inter-node link of `emulate_latency_s` / `emulate_bandwidth_bytes_per_s`; the DDP runs at `emulate_placements`
+# also run through it. The analysis fits each link's latency and bandwidth on the benchmark, checks that it
+# recovers what was injected, and predicts every DDP run from it. Records: `out_dir/communication/` and
+# `out_dir/collbench/`.
 
 # %% tags=["parameters"]
 placements: list[str] = ["1x2", "2x1"]  # N nodes x P processes per node (communication needs 2+ processes)
@@ -29,19 +40,31 @@ world_sizes: list[int] = []  # instead of placements: N processes as N / procs_p
 procs_per_node: int = 0  # with world_sizes: 0 puts all processes on one node
 bucket_caps_mb: list[float] = [0.05, 25.0]  # DDP bucket sizes in MiB
 nccl_algos: list[str] = [""]  # e.g. ["Ring", "Tree"] on NCCL; "" lets NCCL choose
-comm_hooks: list[str] = ["timed"]  # timed | bf16 | fp16 | powersgd (each run beside a no-op run)
-emulate_latency_s: float = 0.0  # emulated inter-node latency per message (s; multi-node runs only)
-emulate_bandwidth_bytes_per_s: float = 0.0  # emulated inter-node bandwidth (0: no limit)
+comm_hooks: list[str] = ["bf16", "powersgd"]  # compressed hooks beside plain DDP: bf16 | fp16 | powersgd
+powersgd_rank: int = 1  # rank of PowerSGD's low-rank gradient approximation
+options: list[dict] = [{"grad_accum_steps": 2}, {"gradient_as_bucket_view": True}, {"static_graph": True}]  # DDP settings beside plain DDP
+option_placements: list[str] = ["1x2"]  # where the hooks and options run
+option_bucket_caps_mb: list[float] = [25.0]  # bucket sizes of the option runs
+emulate_latency_s: float = 0.005  # emulated inter-node latency per message (s) at emulate_placements (0 for none)
+emulate_bandwidth_bytes_per_s: float = 0.0  # emulated inter-node bandwidth (0 for no limit)
+emulate_placements: list[str] = ["2x1"]  # multi-node placements also run through the emulated link
+collbench_placements: list[str] = ["1x2", "2x1"]  # collective-benchmark placements (the machine's own links)
+collbench_max_bytes: int = 4194304  # largest benchmark message in bytes (at least the largest bucket)
+collbench_size_factor: int = 4  # each benchmark message is this many times the previous one
+collbench_iters: int = 10  # timed all-reduces per message size
+collbench_repeats: int = 1  # benchmark runs per placement
 model: str = "kan"  # kan | kan_rbf | kan_cheb | mlp
 kan_impl: str = "fast"  # compiled | fast | reference
 widths: list[int] = [2, 64, 64, 1]  # layer widths, input first
 grid_size: int = 5  # spline grid intervals
-task: str = "exp_sin"  # exp_sin | highdim | product | file (widths[0] must match its inputs)
+task: str = "exp_sin"  # exp_sin | highdim | product | digits | diabetes | feynman:<name> | file
 global_batch: int = 256  # samples per step summed over all processes
 steps: int = 25  # optimizer steps, warm-up included
 warmup_steps: int = 5  # steps excluded from timing
+lr: float = 0.001  # learning rate (the options are compared at the same one)
 repeats: int = 2  # separate runs per point
 n_train: int = 16384  # training samples generated from the seed (task file: at most this many rows)
+n_val: int = 2048  # held-out validation samples (digits: below 1797, diabetes: below 442)
 data_path: str = ""  # task file: a CSV (header, numeric columns) or .npz (x, y) of real data
 target: str = ""  # task file, CSV: the target column (default: the last one)
 threads: int = 1  # torch threads per process
@@ -55,26 +78,40 @@ timeout_s: float = 900.0  # per-run deadline in seconds
 # %%
 import pandas as pd
 
+from kanlib.collbench import BenchConfig
 from runners import notebook, studies
 from runners.sweep import SUMMARY_COLUMNS, run_sweep
 
 params = notebook.check_parameters(globals())
 base = notebook.base_config(params, emulate_latency_s=0.0, emulate_bandwidth_bytes_per_s=0.0)
-configs = studies.communication(world_sizes or None, base, bucket_caps_mb=bucket_caps_mb, nccl_algos=nccl_algos,
-                                repeats=repeats, procs_per_node=procs_per_node,
-                                placements=None if world_sizes else placements, comm_hooks=comm_hooks,
-                                emulate_latency_s=emulate_latency_s,
-                                emulate_bandwidth_bytes_per_s=emulate_bandwidth_bytes_per_s)
-print(f"{len(configs)} runs")
+sweep = dict(nccl_algos=nccl_algos, repeats=repeats)
+configs = studies.communication(world_sizes or None, base, bucket_caps_mb=bucket_caps_mb, procs_per_node=procs_per_node,
+                                placements=None if world_sizes else placements, **sweep)
+# the data-parallel options, each beside its no-op twin (runs that repeat plain DDP's are skipped by the sweep)
+configs += studies.communication(base=base, placements=option_placements, bucket_caps_mb=option_bucket_caps_mb,
+                                 comm_hooks=comm_hooks, **sweep)
+configs += [c for o in options for c in studies.communication(base=base.replace(**o), placements=option_placements,
+                                                              bucket_caps_mb=option_bucket_caps_mb, **sweep)]
+# the same DDP runs through the emulated link (the known signal)
+configs += studies.communication(base=base, placements=emulate_placements, bucket_caps_mb=bucket_caps_mb,
+                                 emulate_latency_s=emulate_latency_s,
+                                 emulate_bandwidth_bytes_per_s=emulate_bandwidth_bytes_per_s, **sweep)
+bench_base = BenchConfig(out_dir=out_dir, backend=backend, device=device, threads=threads, max_bytes=collbench_max_bytes,
+                         size_factor=collbench_size_factor, iters=collbench_iters)
+bench = studies.collbench(collbench_placements, bench_base, algos=nccl_algos, repeats=collbench_repeats)
+bench += studies.collbench(emulate_placements, bench_base.replace(emulate_latency_s=emulate_latency_s,
+                                                                  emulate_bandwidth_bytes_per_s=emulate_bandwidth_bytes_per_s),
+                           algos=nccl_algos, repeats=collbench_repeats)
+print(f"{len({c.run_key() for c in configs})} training runs and {len({c.run_key() for c in bench})} benchmark runs")
 
 # %%
-result = run_sweep(configs, launcher=launcher, launcher_opts=launcher_opts, timeout_s=timeout_s)
+result = run_sweep(configs + bench, launcher=launcher, launcher_opts=launcher_opts, timeout_s=timeout_s)
 
 # %%
-summary = pd.DataFrame(result.records)
-summary[[c for c in SUMMARY_COLUMNS if c in summary]]
+summary = pd.DataFrame([r for r in result.records if r.get("record_kind", "train") == "train"])
+summary[[c for c in SUMMARY_COLUMNS + ["grad_accum_steps", "emulate_latency_s"] if c in summary]]
 
 # %%
 if result.failures:
-    raise RuntimeError(f"{len(result.failures)} of {len(configs)} runs failed: "
+    raise RuntimeError(f"{len(result.failures)} of {len(configs) + len(bench)} runs failed: "
                        + "; ".join(m.splitlines()[0] for _, m in result.failures))

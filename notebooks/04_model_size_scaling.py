@@ -14,27 +14,31 @@
 # ---
 
 # %% [markdown]
-# # 04 Model-size scaling: KAN against a matched-parameter MLP
+# # 04 Model-size scaling: KAN against a matched-parameter MLP, DDP against FSDP
 #
 # Sweeps hidden width, depth and grid size; each KAN runs beside an MLP with (as near as possible) the same
-# parameter count. Records go to `out_dir/model_size/`.
+# parameter count, under each of `parallelisms`: DDP (replicated parameters) and FSDP
+# (`torch.distributed.fsdp.fully_shard`: parameters, gradients and optimizer state sharded over the
+# `world_size` processes). The analysis sets peak memory per process and step time of both side by side and
+# names the size from which FSDP pays (or says the data show none). Records go to `out_dir/model_size/`.
 
 # %% tags=["parameters"]
 hidden_widths: list[int] = [8, 32, 64]  # hidden layer widths
 depths: list[int] = [2]  # numbers of hidden layers
 grid_sizes: list[int] = [5]  # spline grid intervals
 with_mlp: bool = True  # add a matched-parameter MLP per KAN
-parallelisms: list[str] = ["ddp"]  # ddp | fsdp
-world_size: int = 1  # processes per run (one node)
+parallelisms: list[str] = ["ddp", "fsdp"]  # ddp | fsdp (each size under each)
+world_size: int = 2  # processes per run (one node); FSDP shards over them
 model: str = "kan"  # the KAN kind: kan | kan_rbf | kan_cheb
 kan_impl: str = "fast"  # compiled | fast | reference
 widths: list[int] = [2, 1]  # input and output width (hidden layers come from hidden_widths)
-task: str = "exp_sin"  # exp_sin | highdim | product | file (widths[0] must match its inputs)
+task: str = "exp_sin"  # exp_sin | highdim | product | digits | diabetes | feynman:<name> | file
 global_batch: int = 256  # samples per step
 steps: int = 20  # optimizer steps, warm-up included
 warmup_steps: int = 5  # steps excluded from timing
 repeats: int = 1  # separate runs per point
 n_train: int = 16384  # training samples generated from the seed (task file: at most this many rows)
+n_val: int = 2048  # held-out validation samples (digits: below 1797, diabetes: below 442)
 data_path: str = ""  # task file: a CSV (header, numeric columns) or .npz (x, y) of real data
 target: str = ""  # task file, CSV: the target column (default: the last one)
 threads: int = 1  # torch threads per process

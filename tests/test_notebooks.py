@@ -33,10 +33,12 @@ def test_every_notebook_is_a_canonical_jupytext_source_without_outputs():
     import jupytext
     from jupytext.config import load_jupytext_config
 
-    assert [os.path.basename(p) for p in SOURCES] == [
+    assert sorted(os.path.basename(p) for p in SOURCES) == sorted([
         "01_strong_scaling.py", "02_weak_scaling.py", "03_communication_overhead.py", "04_model_size_scaling.py",
+        "07_time_to_accuracy.py", "08_compounding.py",
         "01_strong_scaling_analysis.py", "02_weak_scaling_analysis.py", "03_communication_overhead_analysis.py",
-        "04_model_size_scaling_analysis.py", "05_guidelines.py"]
+        "04_model_size_scaling_analysis.py", "05_guidelines.py", "06_extrapolation.py",
+        "07_time_to_accuracy_analysis.py", "08_compounding_analysis.py"])
     cfg = load_jupytext_config(SOURCES[0])
     for path in SOURCES:
         text = open(path).read()
@@ -54,6 +56,34 @@ def test_every_notebook_is_a_canonical_jupytext_source_without_outputs():
         for line in cells[0].source.splitlines():  # typed, commented knobs
             assert re.match(r"^\w+: [\w\[\], ]+ = .+  # \S", line), (path, line)
             assert "=" not in line.split("  # ", 1)[1], (path, line)  # papermill cannot parse '=' in a comment
+
+
+def _make_list(name: str) -> list[str]:
+    """A notebook list of the Makefile (``NAME := a b \\`` continued lines)."""
+    text = open(os.path.join(notebook.REPO, "Makefile")).read().replace("\\\n", " ")
+    m = re.search(rf"^{name} := (.*)$", text, re.M)
+    return m.group(1).split()
+
+
+def test_makefile_runs_every_notebook_launch_first_then_analyses_then_the_report():
+    launch, analyses = _make_list("LAUNCH"), _make_list("ANALYSES")
+    names = {os.path.basename(p)[:-3] for p in SOURCES}
+    assert set(launch) | set(analyses) | {"05_guidelines"} == names  # every notebook runs in make study
+    assert all("_analysis" not in n for n in launch) and "06_extrapolation" in analyses
+    assert _make_list("NOTEBOOKS") == ["$(LAUNCH)", "$(ANALYSES)", "05_guidelines"]
+    # every launch notebook declares what the GPU cluster's shared launch file sets (papermill refuses others)
+    import yaml
+
+    shared = set(yaml.safe_load(open(os.path.join(notebook.NOTEBOOK_DIR, "params", "gpu_cluster", "launch.yaml"))))
+    import papermill
+
+    for n in launch:
+        declared = set(papermill.inspect_notebook(notebook.to_ipynb(n)))
+        assert shared <= declared, (n, shared - declared)
+    for f in os.listdir(os.path.join(notebook.NOTEBOOK_DIR, "params", "gpu_cluster")):
+        if f != "launch.yaml":
+            keys = set(yaml.safe_load(open(os.path.join(notebook.NOTEBOOK_DIR, "params", "gpu_cluster", f))))
+            assert keys <= set(papermill.inspect_notebook(notebook.to_ipynb(f[:-5]))), f
 
 
 def test_no_notebook_is_tracked_as_ipynb_and_generated_ones_are_ignored():
@@ -190,6 +220,31 @@ def test_executed_analysis_notebook_shows_figures_untrusted_and_offline(tmp_path
     text = open(page).read()
     assert not re.search(r"<script[^>]+src=", text) and "require.js" not in text and "cdnjs" not in text
     assert text.count("Plotly.newPlot") >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["03_communication_overhead_analysis", "06_extrapolation",
+                                  "07_time_to_accuracy_analysis", "08_compounding_analysis"])
+def test_new_analysis_notebooks_run_on_records(tmp_path, name):
+    """The analyses of the calibration, extrapolation, time to accuracy and compounding run end to end in a
+    real kernel on synthetic records and draw their figures (mime bundle for JupyterLab, HTML for exports)."""
+    import nbformat
+    import papermill
+    from test_report import write_new_studies, write_study
+
+    out = write_new_studies(write_study(tmp_path / "out"))
+    src = notebook.to_ipynb(name, str(tmp_path / "build"))
+    done = tmp_path / f"{name}.ipynb"
+    papermill.execute_notebook(src, str(done), parameters={"out_dir": str(out)}, cwd=notebook.NOTEBOOK_DIR,
+                               progress_bar=False)
+    outputs = [o for c in code_cells(nbformat.read(str(done), as_version=4)) for o in c.get("outputs", [])]
+    figures = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    assert figures and all("text/html" in o["data"] for o in figures)
+    assert os.listdir(out / "figures")
+    if name == "06_extrapolation":
+        import json
+
+        assert json.load(open(out / "extrapolation.json"))["preset_name"] == "h100-ndr"  # kept for the report
 
 
 FAKE_PAPERMILL = '''

@@ -24,14 +24,43 @@ def size_records():
     return out
 
 
-@pytest.fixture
-def study_dir(tmp_path):
+def write_study(root):
+    """Records of the four original studies (strong, weak, communication, model size) under ``root``."""
     recs = strong_records({"1x1": 8.0, "1x2": 4.4, "2x1": 5.0}) + strong_records({"1x1": 0.8, "1x2": 0.8}, batch=64)
     recs += weak_records("kan", {1: 1000, 2: 1600}) + weak_records("mlp", {1: 4000, 2: 7000})
     recs += comm_records("1x2") + comm_records("2x1", {1.0: (0.020, 0.010, 0.012), 25.0: (0.018, 0.010, 0.01)})
     recs += size_records()
-    write_records(tmp_path, recs)
-    return tmp_path
+    write_records(root, recs)
+    return root
+
+
+def write_new_studies(root):
+    """The newer studies under ``root``: time to accuracy, compounding, FSDP, data-parallel options, and a
+    collective benchmark with an emulated link and DDP runs that follow it."""
+    from test_calibration_report import INJECTED, ddp_records, links, write_bench
+    from test_study_tables import comp_rec, fsdp_records, options_records, tta_records
+
+    recs = tta_records() + fsdp_records() + options_records("1x4")
+    recs += [comp_rec(k, p, t, repeat=r) for k, ts in {"reference": {"1x1": 10.0, "1x2": 5.5},
+                                                      "fast": {"1x1": 4.0, "1x2": 2.5}}.items()
+             for p, t in ts.items() for r in range(2)]
+    recs += ddp_records()
+    write_records(root, recs)
+    write_bench(root, "1x2", links())
+    write_bench(root, "2x1", links())
+    write_bench(root, "2x1", links(INJECTED), emulate_latency_s=INJECTED)
+    return root
+
+
+@pytest.fixture
+def study_dir(tmp_path):
+    return write_study(tmp_path)
+
+
+@pytest.fixture
+def full_study_dir(study_dir):
+    """``study_dir`` plus the newer studies (:func:`write_new_studies`)."""
+    return write_new_studies(study_dir)
 
 
 def is_key(t):
@@ -189,17 +218,39 @@ def test_report_findings_first_offline_and_relative(study_dir):
     assert all(os.path.exists(os.path.join(os.path.dirname(path), p)) for p in links if not p.endswith("figures/"))
     assert any(p.endswith("docs/measurement.md") for p in links)
     assert str(study_dir) not in body  # no absolute path beside relative ones
-    # every figure is drawn from inline plotly.js
-    assert body.count("Plotly.newPlot") == sum(len(report.analyze(str(study_dir), s).figures)
-                                               for s in report.STUDY_TITLES)
+    # every figure is drawn from inline plotly.js (studies without records, e.g. compounding here, draw none)
+    assert body.count("Plotly.newPlot") == sum(len(a.figures) for a in report.analyses(str(study_dir)).values())
+    assert "no records of study &#x27;compounding&#x27; under .<" in body
 
 
-def test_report_captions_every_figure(study_dir):
-    for s in report.STUDY_TITLES:
-        a = report.analyze(str(study_dir), s)
+def test_report_captions_every_figure_and_table(full_study_dir):
+    every = report.analyses(str(full_study_dir), bench_time_col="time_s")
+    assert set(every) == set(report.STUDY_TITLES) | set(report.EXTRA_TITLES)
+    for s, a in every.items():
         assert a.figures and set(a.captions) == set(a.figures), s
-        assert all(c.startswith(("Speedup", "Efficiency", "Throughput", "Per point", "Step time", "The alpha-beta"))
-                   for c in a.captions.values())
+        assert set(a.table_captions) == set(a.tables), s
+        assert all(c and c[0].isupper() for c in list(a.captions.values()) + list(a.table_captions.values())), s
+    assert {"overhead", "collbench", "parity", "transfer_waiting", "options"} <= set(every["communication"].figures)
+    assert set(every["model_size"].figures) == {"memory_time", "fsdp"}
+    assert set(every["time_to_accuracy"].figures) == {"speedup"}  # no steps.csv here: no curves, and it says so
+    assert any("have no steps.csv" in line for line in every["time_to_accuracy"].lines)
+
+
+def test_report_findings_cover_the_new_studies(full_study_dir):
+    found = {f["topic"]: f for f in report.findings(report.analyses(str(full_study_dir), bench_time_col="time_s"))}
+    assert found["Time to the target validation loss"]["ours"].startswith(
+        "strong (B=256) at 2x1: time-to-target speedup 1.60x [")
+    assert "weak (64/process, lr_rule none) at 1x2: statistical efficiency 67%" in \
+        found["Time to the target validation loss"]["ours"]
+    assert found["Kernel speedup x DDP speedup"]["ours"].startswith("fast at 1x2: measured 4.00x vs product 4.55x")
+    assert "powersgd rank 1 (1x4): step 0.88x, val loss +10.00% - harms convergence" in \
+        found["Data-parallel options against plain DDP"]["ours"]
+    assert found["FSDP against DDP: where sharding pays"]["ours"] == "kan: FSDP pays from 1,000,000 parameters"
+    assert "recovered 5 ms" in found["Calibration: the link model on a known signal"]["ours"]
+    assert found["The published setup predicted (speedup, efficiency, overhead)"]["published"].startswith("5.97x")
+    assert "Model sizes above the target efficiency at scale" in found
+    for f in found.values():
+        assert f["published"], f["topic"]
 
 
 def test_display_table_formats_units_and_intervals(study_dir):
@@ -220,3 +271,16 @@ def test_figures_save_as_offline_files(study_dir, tmp_path):
     html = open(paths[0]).read()
     assert len(html) > 1_000_000 and not re.search(r"<script[^>]+src=", html)
     assert not re.search(r"mathjax[^'\"]*\.js", html, re.I)
+
+
+def test_explorer_keeps_kernels_parallelisms_and_rules_apart(full_study_dir):
+    df = results.load_records(str(full_study_dir))
+    comp = plots.explorer_figure(df, "compounding")
+    assert {t.name for t in comp.data} == {"kan 1x1 fast fast", "kan 1x1 reference reference", "kan 1x2 fast fast",
+                                           "kan 1x2 reference reference"}
+    size = plots.explorer_figure(df, "model_size")
+    assert {"kan 1x2 ddp", "kan 1x2 fsdp"} <= {t.name for t in size.data}
+    tta = plots.explorer_options(df, "time_to_accuracy")
+    assert "time_to_target_s" in tta["metrics"] and tta["x"][0] == "world_size"
+    assert {t.name for t in plots.explorer_figure(df, "time_to_accuracy", metric="time_to_target_s").data} == {
+        "kan 1x1 linear", "kan 1x1 none", "kan 1x2 linear", "kan 1x2 none", "kan 2x1 none"}

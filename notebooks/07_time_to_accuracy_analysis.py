@@ -1,0 +1,51 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     notebook_metadata_filter: kernelspec,jupytext,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 Time to accuracy: analysis
+#
+# Loads the `time_to_accuracy` records under `out_dir` (by default only those of the newest code version;
+# `code="all"` keeps every version as a group of its own), derives the table in `kanlib.results` (medians
+# over repeats with bootstrap 95% intervals; records that differ in configuration or placement are never
+# pooled) and draws the figures of `kanlib.plots`, each with a caption saying what to see. Per
+# placement: steps, samples and training wall time to the target (over the runs that reached it, with how many
+# did), the validation-loss curves from each run's `steps.csv`; for strong series (one global batch) the
+# time-to-target speedup beside the step speedup, for weak series (one per-process batch) the statistical
+# efficiency samples(N0) / samples(N) per learning-rate rule. The guideline (05) names the placement that
+# reaches the target soonest. Every
+# figure is also written as a self-contained HTML file under `fig_dir` (opens offline). The explorer at the
+# end needs a live kernel; a static copy of its first view sits below it.
+
+# %% tags=["parameters"]
+out_dir: str = "../outputs"  # where the launch notebook wrote records
+fig_dir: str = ""  # offline HTML figures go here; empty: <out_dir>/figures
+code: str = "newest"  # code versions: newest | all | one code_version
+
+# %%
+from runners import notebook
+
+notebook.check_parameters(globals())
+
+# %%
+from kanlib import report
+
+a = report.analyze(out_dir, "time_to_accuracy", code=code)
+a.show()
+
+# %%
+a.save_figures(fig_dir)
+
+# %%
+a.explore()
