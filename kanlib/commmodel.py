@@ -37,10 +37,6 @@ a compute profile (:class:`ComputeProfile`, measured or a preset of kanlib.prese
 stragglers, congestion and contention between the P processes of a node sharing its network: read
 it as an optimistic bound.
 
-The older single-link model (:class:`CommModel`, :func:`fit`, :func:`extrapolate`,
-:func:`extrapolate_study`) fits DDP's hook times directly, which mix transfer and waiting; it is kept
-for the report until it moves to the fits above.
-
 pandas and numpy only: no torch import.
 """
 
@@ -635,15 +631,20 @@ def transfer_waiting(records: pd.DataFrame, fits: dict[tuple, CollFit]) -> pd.Da
                      "n_buckets": r.get("n_buckets"), "comm_total_s": float(r["comm_total_s"]),
                      "transfer_s": pred["pred_transfer_s"],
                      "waiting_s": float(r["comm_total_s"]) - pred["pred_transfer_s"],
+                     "emulate_latency_s": float(r.get("emulate_latency_s") or 0.0),
+                     "emulate_bandwidth_bytes_per_s": float(r.get("emulate_bandwidth_bytes_per_s") or 0.0),
                      "emulated_s": r.get("emulated_s"), "fit": pred["fit"], "why": pred["why"]})
     return pd.DataFrame(rows)
 
 
 def transfer_waiting_by_placement(table: pd.DataFrame) -> pd.DataFrame:
-    """Medians of :func:`transfer_waiting` per placement, with the waiting share of the hook time."""
+    """Medians of :func:`transfer_waiting` per placement, bucket size and emulated link (never pooled), with the
+    waiting share of the hook time."""
     if table.empty:
         return table
-    g = table.groupby("placement", as_index=False).agg(
+    keys = [k for k in ("placement", "bucket_cap_mb", "emulate_latency_s", "emulate_bandwidth_bytes_per_s")
+            if k in table]
+    g = table.groupby(keys, as_index=False, dropna=False).agg(
         n_runs=("comm_total_s", "size"), comm_total_s=("comm_total_s", "median"),
         transfer_s=("transfer_s", "median"), waiting_s=("waiting_s", "median"))
     g["waiting_fraction"] = g["waiting_s"] / g["comm_total_s"]
@@ -797,89 +798,12 @@ def sizes_above(table: pd.DataFrame, target_efficiency: float = 0.8, world_size:
     return d[["kan", "n_params", "algo", "bucket_cap_mb", "efficiency", "exposed_s", "step_time_s", "above"]]
 
 
-# -- the older single-link model of DDP hook times (kept for the report) --------------------------------
-def _terms(world_size, n_bytes, n_buckets, algo: str):
-    n = np.asarray(world_size, dtype=float)
-    g = np.asarray(n_bytes, dtype=float)
-    b = np.asarray(n_buckets, dtype=float)
-    if algo == "ring":
-        return b * 2 * (n - 1), 2 * (n - 1) / n * g
-    if algo == "tree":
-        depth = np.ceil(np.log2(np.maximum(n, 1)))
-        return b * 2 * depth, np.where(n > 1, 2 * g, 0.0)
-    raise ValueError(f"algo: unknown value {algo!r}; choose one of {', '.join(ALGOS)}")
-
-
-def allreduce_time(world_size, n_bytes, alpha: float, beta: float, algo: str = "ring", n_buckets=1):
-    """Single-link model: time (s) to all-reduce ``n_bytes`` in ``n_buckets`` over ``world_size`` ranks
-    (ring ``2(N-1) alpha`` per bucket + ``2(N-1)/N n beta``; tree ``2 ceil(log2 N) alpha`` + ``2 n beta``)."""
-    a, b = _terms(world_size, n_bytes, n_buckets, algo)
-    return alpha * a + beta * b
-
-
-@dataclass
-class CommModel:
-    """Single-link fit of DDP hook times: latency ``alpha`` (s), inverse bandwidth ``beta`` (s/byte)."""
-
-    alpha: float
-    beta: float
-    algo: str = "ring"
-    n_points: int = 0
-    rel_rmse: float = float("nan")
-
-    @property
-    def bandwidth_bytes_per_s(self) -> float:
-        return 1.0 / self.beta if self.beta > 0 else float("inf")
-
-    def predict(self, world_size, n_bytes, n_buckets=1):
-        return allreduce_time(world_size, n_bytes, self.alpha, self.beta, self.algo, n_buckets)
-
-
-def gradient_bytes(records: pd.DataFrame) -> np.ndarray:
-    """Bytes all-reduced per step: one float32 gradient per parameter."""
-    return records["n_params"].to_numpy(float) * 4
-
-
-def fit(records: pd.DataFrame, algo: str = "ring") -> CommModel:
-    """Single-link fit of ``alpha`` and ``beta`` (both >= 0) to DDP runs with ``comm_hook == 'timed'``
-    and ``world_size > 1`` (their hook times include waiting; :func:`fit_collbench` fits transfer alone)."""
-    missing = [c for c in ("world_size", "comm_total_s", "n_buckets", "n_params") if c not in records]
-    if missing:
-        raise ValueError(f"the communication model needs the record fields {missing} (runs with comm_hook='timed')")
-    d = records
-    if "comm_hook" in d:
-        d = d[d["comm_hook"] == "timed"]
-    d = d[(d["world_size"] > 1) & d["comm_total_s"].notna() & d["n_buckets"].notna()]
-    if len(d) < 2:
-        raise ValueError(f"the communication model needs at least 2 timed multi-process runs, got {len(d)}")
-    a, b = _terms(d["world_size"], gradient_bytes(d), d["n_buckets"], algo)
-    x = np.stack([a, b], axis=1)
-    y = d["comm_total_s"].to_numpy(float)
-    coef = _fit_weighted(x, y)
-    pred = x @ coef
-    rel = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
-    return CommModel(float(coef[0]), float(coef[1]), algo, int(len(d)), rel)
-
-
-def extrapolate(model: CommModel, compute_1_s: float, n_params: int, world_sizes, n_buckets: int = 1,
-                overlap_fraction: float = 0.0) -> pd.DataFrame:
-    """Single-link strong-scaling prediction ``T(N) = C/N + (1 - overlap) T_comm(N)`` at ``world_sizes``."""
-    if not 0 <= overlap_fraction <= 1:
-        raise ValueError(f"overlap_fraction: must be in [0, 1], got {overlap_fraction}")
-    n = np.asarray(sorted(set(int(v) for v in world_sizes)), dtype=float)
-    comm = model.predict(n, n_params * 4, n_buckets)
-    exposed = (1 - overlap_fraction) * comm
-    t = compute_1_s / n + exposed
-    speedup = compute_1_s / t
-    return pd.DataFrame({"world_size": n.astype(int), "comm_s": comm, "exposed_s": exposed, "step_time_s": t,
-                         "speedup": speedup, "efficiency": speedup / n})
-
-
+# -- helpers of the extrapolation ---------------------------------------------------------------------
 def largest_world_size_at(pred: pd.DataFrame, target_efficiency: float) -> int | None:
     """Largest predicted world size whose efficiency (and every smaller one's) reaches the target."""
     best = None
     for n, e in zip(pred["world_size"], pred["efficiency"]):
-        if e + 1e-12 < target_efficiency:
+        if not e + 1e-12 >= target_efficiency:  # a NaN efficiency never meets the target
             break
         best = int(n)
     return best
@@ -888,31 +812,3 @@ def largest_world_size_at(pred: pd.DataFrame, target_efficiency: float) -> int |
 def powers_of_two(up_to: int) -> list[int]:
     """1, 2, 4, ... up to ``up_to``."""
     return [2 ** k for k in range(int(math.log2(up_to)) + 1)]
-
-
-def extrapolate_study(records: pd.DataFrame, comm_table: pd.DataFrame, max_world_size: int = 4096,
-                      algo: str = "ring") -> tuple[CommModel, pd.DataFrame, dict]:
-    """Single-link fit of a communication study's records, extrapolating its best measured point
-    (least exposed communication) to ``max_world_size`` processes.
-
-    Single-process compute ``C`` is estimated as ``T_noop(N) * N`` at that point; the overlap
-    fraction is the measured one there. Returns ``(model, prediction, basis)``.
-    """
-    model = fit(records, algo)
-    best = comm_table.loc[comm_table["exposed_s"].idxmin()]
-    from kanlib.results import COMM_KEYS
-
-    timed = records[records["comm_hook"] == "timed"]
-    for k in COMM_KEYS:  # the timed runs of exactly that point (same model, batch, bucket, algorithm)
-        if k in timed and k in best.index:
-            timed = timed[timed[k].apply(lambda v, want=best[k]: v == want)]
-    if timed.empty:
-        raise ValueError("no timed run matches the best communication point")
-    n_buckets = int(np.median(timed["n_buckets"].to_numpy(float)))
-    n_params = int(timed["n_params"].iloc[0])
-    compute_1 = float(best["t_noop_s"]) * int(best["world_size"])
-    overlap_f = float(best["overlap_fraction"]) if np.isfinite(best["overlap_fraction"]) else 0.0
-    pred = extrapolate(model, compute_1, n_params, powers_of_two(max_world_size), n_buckets, overlap_f)
-    basis = {"compute_1_s": compute_1, "n_params": n_params, "n_buckets": n_buckets, "overlap_fraction": overlap_f,
-             "bucket_cap_mb": float(best["bucket_cap_mb"]), "measured_world_size": int(best["world_size"])}
-    return model, pred, basis

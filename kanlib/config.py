@@ -335,6 +335,9 @@ class RunConfig(Config):
                               f"set the batch lr is tuned for")
         if self.target_val_loss and not self.eval_every:
             raise ConfigError("eval_every: target_val_loss is checked at evaluations; set eval_every > 0")
+        if self.target_val_loss and self.eval_every <= self.warmup_steps:
+            raise ConfigError(f"eval_every: {self.eval_every} would let the target stop the run before the "
+                              f"warm-up ({self.warmup_steps} steps) ends, leaving no step timed; use more")
         self._validate_comm()
         if self.backend == "nccl" and self.device == "cpu":
             raise ConfigError("backend: 'nccl' needs device cuda, got device='cpu'")

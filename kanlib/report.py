@@ -529,8 +529,6 @@ def _transfer_waiting(recs: pd.DataFrame, fits: dict) -> pd.DataFrame:
     tw = commmodel.transfer_waiting(plain, fits)
     if tw.empty:
         return tw
-    meta = plain.set_index("run_key")[["emulate_latency_s", "emulate_bandwidth_bytes_per_s"]]
-    tw = tw.join(meta, on="run_key")
     tw["placement"] = [f"{p}, {c:g} MiB" + (f", emulated {_link_desc(a, b)}" if a or b else "")
                        for p, c, a, b in zip(tw["placement"], tw["bucket_cap_mb"], tw["emulate_latency_s"].fillna(0),
                                              tw["emulate_bandwidth_bytes_per_s"].fillna(0))]

@@ -415,6 +415,8 @@ def finish(run: Run) -> RunRecord | None:
     mem = distributed.all_reduce(torch.tensor([float(peak_local), float(reserved or 0), float(used or 0)],
                                               dtype=torch.float64), info, "max").tolist()
     final = run.data.evaluate(run.model, info.device)
+    if cfg.target_val_loss and run.target_at is None and final["val_loss"] <= cfg.target_val_loss:
+        run.target_at = (len(run.rows) + run.start_step, run.train_wall_s)  # reached at the last step
     state = _full_state_dict(run)
     _check_losses(run, combined["loss"], final["val_loss"])
     if not info.is_main:

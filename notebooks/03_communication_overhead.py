@@ -42,8 +42,9 @@ bucket_caps_mb: list[float] = [0.05, 25.0]  # DDP bucket sizes in MiB
 nccl_algos: list[str] = [""]  # e.g. ["Ring", "Tree"] on NCCL; "" lets NCCL choose
 comm_hooks: list[str] = ["bf16", "powersgd"]  # compressed hooks beside plain DDP: bf16 | fp16 | powersgd
 powersgd_rank: int = 1  # rank of PowerSGD's low-rank gradient approximation
-options: list[dict] = [{"grad_accum_steps": 2}, {"gradient_as_bucket_view": True}, {"static_graph": True}]  # DDP settings beside plain DDP
+options: list[dict] = [{"grad_accum_steps": 2}]  # DDP settings beside plain DDP, e.g. {"static_graph": True}, {"gradient_as_bucket_view": True}
 option_placements: list[str] = ["1x2"]  # where the hooks and options run
+option_repeats: int = 1  # separate runs per option (their validation losses are deterministic)
 option_bucket_caps_mb: list[float] = [25.0]  # bucket sizes of the option runs
 emulate_latency_s: float = 0.005  # emulated inter-node latency per message (s) at emulate_placements (0 for none)
 emulate_bandwidth_bytes_per_s: float = 0.0  # emulated inter-node bandwidth (0 for no limit)
@@ -87,21 +88,16 @@ base = notebook.base_config(params, emulate_latency_s=0.0, emulate_bandwidth_byt
 sweep = dict(nccl_algos=nccl_algos, repeats=repeats)
 configs = studies.communication(world_sizes or None, base, bucket_caps_mb=bucket_caps_mb, procs_per_node=procs_per_node,
                                 placements=None if world_sizes else placements, **sweep)
-# the data-parallel options, each beside its no-op twin (runs that repeat plain DDP's are skipped by the sweep)
-configs += studies.communication(base=base, placements=option_placements, bucket_caps_mb=option_bucket_caps_mb,
-                                 comm_hooks=comm_hooks, **sweep)
-configs += [c for o in options for c in studies.communication(base=base.replace(**o), placements=option_placements,
-                                                              bucket_caps_mb=option_bucket_caps_mb, **sweep)]
-# the same DDP runs through the emulated link (the known signal)
-configs += studies.communication(base=base, placements=emulate_placements, bucket_caps_mb=bucket_caps_mb,
-                                 emulate_latency_s=emulate_latency_s,
-                                 emulate_bandwidth_bytes_per_s=emulate_bandwidth_bytes_per_s, **sweep)
+# the data-parallel options, each beside plain DDP and its no-op twin, after the same samples
+configs += studies.communication_options(base, option_placements, option_bucket_caps_mb, comm_hooks, options,
+                                         nccl_algos=nccl_algos, repeats=option_repeats)
+# the known signal: DDP runs and the collective benchmark through an emulated inter-node link
 bench_base = BenchConfig(out_dir=out_dir, backend=backend, device=device, threads=threads, max_bytes=collbench_max_bytes,
                          size_factor=collbench_size_factor, iters=collbench_iters)
-bench = studies.collbench(collbench_placements, bench_base, algos=nccl_algos, repeats=collbench_repeats)
-bench += studies.collbench(emulate_placements, bench_base.replace(emulate_latency_s=emulate_latency_s,
-                                                                  emulate_bandwidth_bytes_per_s=emulate_bandwidth_bytes_per_s),
-                           algos=nccl_algos, repeats=collbench_repeats)
+emulated, bench = studies.calibration(base, bench_base, emulate_placements, emulate_latency_s,
+                                      emulate_bandwidth_bytes_per_s, bucket_caps_mb, collbench_placements,
+                                      nccl_algos=nccl_algos, repeats=repeats, bench_repeats=collbench_repeats)
+configs += emulated
 print(f"{len({c.run_key() for c in configs})} training runs and {len({c.run_key() for c in bench})} benchmark runs")
 
 # %%

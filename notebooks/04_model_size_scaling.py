@@ -23,7 +23,7 @@
 # names the size from which FSDP pays (or says the data show none). Records go to `out_dir/model_size/`.
 
 # %% tags=["parameters"]
-hidden_widths: list[int] = [8, 32, 64]  # hidden layer widths
+hidden_widths: list[int] = [8, 64]  # hidden layer widths
 depths: list[int] = [2]  # numbers of hidden layers
 grid_sizes: list[int] = [5]  # spline grid intervals
 with_mlp: bool = True  # add a matched-parameter MLP per KAN

@@ -205,7 +205,7 @@ def base_config(params: dict, **overrides):
 def sources() -> list[str]:
     """The notebooks' ``.py`` sources, in run order (launch notebooks, analyses, then guidelines)."""
     names = sorted(f for f in os.listdir(NOTEBOOK_DIR) if f[:2].isdigit() and f.endswith(".py"))
-    launch = [n for n in names if "_analysis" not in n and not n.startswith("05")]
+    launch = [n for n in names if "run_sweep(" in open(os.path.join(NOTEBOOK_DIR, n)).read()]  # they run studies
     return [os.path.join(NOTEBOOK_DIR, n) for n in launch + [n for n in names if n not in launch]]
 
 

@@ -113,6 +113,46 @@ def communication(world_sizes=None, base: RunConfig | None = None, bucket_caps_m
     return _repeat(_unique(cfgs), repeats)
 
 
+def communication_options(base: RunConfig | None = None, placements=("1x2",), bucket_caps_mb=(25.0,),
+                          comm_hooks=("bf16", "powersgd"), options=(), nccl_algos=("",), repeats: int = 1):
+    """Each data-parallel option beside plain DDP (the timed all-reduce), each with its no-op twin: the
+    communication hooks in ``comm_hooks`` and the DDP settings in ``options`` (dicts of RunConfig fields, e.g.
+    ``{"grad_accum_steps": 2}``, ``{"static_graph": True}``), all after the same samples so their validation
+    losses compare. Runs that repeat plain DDP's appear once."""
+    base = base or RunConfig()
+    for o in options:
+        if not isinstance(o, dict) or not o:
+            raise ConfigError(f"options: each option is a dict of RunConfig fields, got {o!r}")
+    cfgs = communication(base=base, placements=placements, bucket_caps_mb=bucket_caps_mb,
+                         comm_hooks=("timed", *comm_hooks), nccl_algos=nccl_algos, repeats=repeats)
+    for o in options:
+        cfgs += communication(base=base.replace(**o), placements=placements, bucket_caps_mb=bucket_caps_mb,
+                              nccl_algos=nccl_algos, repeats=repeats)
+    return _unique(cfgs)
+
+
+def calibration(base: RunConfig | None = None, bench_base=None, placements=("2x1",), emulate_latency_s: float = 0.005,
+                emulate_bandwidth_bytes_per_s: float = 0.0, bucket_caps_mb=(25.0,), bench_placements=("1x2", "2x1"),
+                nccl_algos=("",), repeats: int = 1, bench_repeats: int = 1):
+    """The known-signal calibration: DDP runs (timed, and their no-op twins) through an emulated inter-node link at
+    the multi-node ``placements``, and the collective benchmark at ``bench_placements`` (the machine's own links)
+    and at the same multi-node placements through the same emulated link, so the fitted inter-node constants can
+    be compared with what was injected. Returns ``(training configs, benchmark configs)``."""
+    from kanlib.collbench import BenchConfig
+
+    base = base or RunConfig()
+    bench_base = bench_base or BenchConfig()
+    runs = communication(base=base, placements=placements, bucket_caps_mb=bucket_caps_mb, nccl_algos=nccl_algos,
+                         emulate_latency_s=emulate_latency_s, emulate_bandwidth_bytes_per_s=emulate_bandwidth_bytes_per_s,
+                         repeats=repeats)
+    multi = [p for p in placements if parse_placement(p)[0] > 1]
+    bench = collbench(bench_placements, bench_base, algos=nccl_algos, repeats=bench_repeats)
+    bench += collbench(multi, bench_base.replace(emulate_latency_s=float(emulate_latency_s),
+                                                 emulate_bandwidth_bytes_per_s=float(emulate_bandwidth_bytes_per_s)),
+                       algos=nccl_algos, repeats=bench_repeats)
+    return runs, bench
+
+
 def model_size(width_list, base: RunConfig | None = None, grid_sizes=(5,), depths=None, with_mlp: bool = True,
                repeats: int = 1, world_size: int = 1, parallelisms=("ddp",)):
     """A sweep over hidden width, depth and grid size; each KAN beside an MLP with a matched parameter count
