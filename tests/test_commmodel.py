@@ -45,19 +45,12 @@ def test_link_model_time_and_missing_link():
         only_intra.time_s(1e6, 2, 1)
 
 
-def test_legacy_single_link_formulas_and_fit():
-    assert cm.allreduce_time(4, 1e6, 1e-5, 1e-9) == pytest.approx(6e-5 + 1.5e-3)
-    assert cm.allreduce_time(8, 1e6, 1e-5, 1e-9, "tree") == pytest.approx(6e-5 + 2e-3)
-    rows = [{"world_size": n, "n_buckets": b, "n_params": p, "comm_hook": "timed",
-             "comm_total_s": cm.allreduce_time(n, p * 4, 2e-5, 4e-10, n_buckets=b)}
-            for n in (2, 4, 8) for b in (1, 4, 16) for p in (1e4, 1e6)]
-    m = cm.fit(pd.DataFrame(rows))
-    assert m.alpha == pytest.approx(2e-5, rel=1e-6) and m.beta == pytest.approx(4e-10, rel=1e-6)
-    p0 = cm.extrapolate(m, 1.0, 10_000_000, cm.powers_of_two(4096))
-    assert p0["efficiency"].iloc[0] == pytest.approx(1.0) and (np.diff(p0["efficiency"]) < 0).all()
-    n80 = cm.largest_world_size_at(p0, 0.8)
-    eff = p0.set_index("world_size")["efficiency"]
-    assert eff[n80] >= 0.8 > eff[2 * n80]
+def test_largest_world_size_stops_at_the_first_miss_and_never_passes_nan():
+    pred = pd.DataFrame({"world_size": cm.powers_of_two(16), "efficiency": [1.0, 0.95, 0.81, 0.79, 0.9]})
+    assert cm.powers_of_two(16) == [1, 2, 4, 8, 16]
+    assert cm.largest_world_size_at(pred, 0.8) == 4  # the lucky point beyond a miss does not count
+    pred.loc[1, "efficiency"] = float("nan")
+    assert cm.largest_world_size_at(pred, 0.8) == 1
 
 
 # -- the fit -------------------------------------------------------------------------------------------
