@@ -34,9 +34,11 @@ NOTEBOOKS := $(LAUNCH) $(ANALYSES) 05_guidelines
 # Extra papermill arguments for every notebook, e.g. PARAMS="-p repeats 3"
 PARAMS ?=
 # A folder of per-notebook parameter files (notebooks/params/<set>/): launch.yaml for every launch
-# notebook, then <notebook>.yaml; e.g. PARAMS_SET=gpu_cluster. A notebook refuses a parameter it does
-# not have, so each file holds only its notebook's keys.
-PARAMS_SET ?=
+# notebook, then <notebook>.yaml. A notebook refuses a parameter it does not have, so each file holds only
+# its notebook's keys. The default, `study`, sizes the study whose conclusions hold on a 2-core machine in
+# about 10 minutes; the notebooks' own defaults are tiny (CI runs them under nbval); PARAMS_SET=gpu_cluster
+# for a GPU cluster; PARAMS_SET= for the notebooks' defaults.
+PARAMS_SET ?= study
 LAB_PORT ?= 8888
 # Extra JupyterLab arguments, e.g. LAB_ARGS=--ServerApp.token=secret
 LAB_ARGS ?=

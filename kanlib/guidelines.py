@@ -274,11 +274,22 @@ def _comm(df: pd.DataFrame, target: float, rows: list, text: list, fits: dict | 
             top = per.iloc[0]
             rest = "; ".join(f"{r['placement']} {r['exposed_s'] * 1e3:.3g} ms ({_ci(r, 'overhead_fraction', 'overhead_lo', 'overhead_hi')})"
                              for _, r in per.iloc[1:].iterrows())
-            answer = (f"{top['placement']}: {top['exposed_s'] * 1e3:.3g} ms exposed "
-                      f"({_ci(top, 'overhead_fraction', 'overhead_lo', 'overhead_hi')} of the step)")
-            text.append(f"{label}: at N={n}, {top['placement']} exposes the least communication, "
-                        f"{top['exposed_s'] * 1e3:.3g} ms per step ({_ci(top, 'overhead_fraction', 'overhead_lo', 'overhead_hi')} "
-                        f"of the step, {top['bucket_cap_mb']:g} MiB buckets); {rest}.")
+            tied = per[[_overlaps(top, r) for _, r in per.iterrows()]]
+            if len(tied) > 1:  # the intervals overlap: the data do not rank these placements
+                names = ", ".join(tied["placement"])
+                answer = (f"no measurable difference between {names}: "
+                          + "; ".join(f"{r['placement']} {r['exposed_s'] * 1e3:.3g} ms "
+                                      f"({_ci(r, 'overhead_fraction', 'overhead_lo', 'overhead_hi')})"
+                                      for _, r in tied.iterrows()))
+                text.append(f"{label}: at N={n}, {names} expose the same communication within their 95% intervals "
+                            f"(least: {top['placement']}, {top['exposed_s'] * 1e3:.3g} ms per step, "
+                            f"{top['bucket_cap_mb']:g} MiB buckets); {rest}.")
+            else:
+                answer = (f"{top['placement']}: {top['exposed_s'] * 1e3:.3g} ms exposed "
+                          f"({_ci(top, 'overhead_fraction', 'overhead_lo', 'overhead_hi')} of the step)")
+                text.append(f"{label}: at N={n}, {top['placement']} exposes the least communication, "
+                            f"{top['exposed_s'] * 1e3:.3g} ms per step ({_ci(top, 'overhead_fraction', 'overhead_lo', 'overhead_hi')} "
+                            f"of the step, {top['bucket_cap_mb']:g} MiB buckets); {rest}.")
             rows.append({"question": f"N={n}: placement exposing the least communication", "group": label,
                          "answer": answer, "value": float(top["exposed_s"]), "basis": "communication"})
         emulated = bool(key["emulate_latency_s"] or key["emulate_bandwidth_bytes_per_s"])
@@ -455,6 +466,20 @@ def _size(df: pd.DataFrame, memory_budget_bytes: float, step_time_budget_s: floa
 
 
 # -- data-parallel options ----------------------------------------------------------------------
+# An option counts as faster than plain DDP only when its step is this much shorter: single option runs have no
+# interval, and repeated runs of one config here differ by several percent.
+OPTION_MARGIN = 0.10
+
+
+def _overlaps(a, b) -> bool:
+    """Whether the 95% intervals of the overhead fractions of points ``a`` and ``b`` overlap (no interval: no)."""
+    lo_a, hi_a = a.get("overhead_lo", np.nan), a.get("overhead_hi", np.nan)
+    lo_b, hi_b = b.get("overhead_lo", np.nan), b.get("overhead_hi", np.nan)
+    if not all(np.isfinite(v) for v in (lo_a, hi_a, lo_b, hi_b)):
+        return a is b or (a.get("placement") == b.get("placement"))
+    return bool(lo_a <= hi_b and lo_b <= hi_a)
+
+
 def _options(df: pd.DataFrame, tolerance: float, rows: list, text: list) -> None:
     table = results.options_table(df, tolerance=tolerance)
     if table.empty or table["is_plain"].all():
@@ -475,6 +500,8 @@ def _options(df: pd.DataFrame, tolerance: float, rows: list, text: list) -> None
             answer = (f"{best['option']}: step {best['step_time_ratio']:.2f}x plain DDP, exposed "
                       f"{best['exposed_s'] * 1e3:.3g} ms (plain {best['plain_exposed_s'] * 1e3:.3g} ms), validation "
                       f"loss {best['val_loss_rel_delta']:+.2%}")
+            if not best["step_time_ratio"] < 1 - OPTION_MARGIN:  # within run-to-run spread of plain DDP
+                answer = (f"plain DDP: no option is more than {OPTION_MARGIN:.0%} faster (the best, {answer})")
             value = float(best["step_time_ratio"])
         harm_txt = "; ".join(f"{r['option']} ({r['val_loss_rel_delta']:+.1%})" for _, r in harm.iterrows())
         text.append(f"{p}: of {len(opts)} data-parallel option(s), the fastest that keeps the validation loss after "

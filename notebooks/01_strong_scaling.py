@@ -31,20 +31,21 @@
 # equation has variables) or a file (`task="file"`, `data_path`, `target`).
 
 # %% tags=["parameters"]
-placements: list[str] = ["1x1", "1x2", "2x1"]  # N nodes x P processes per node
+placements: list[str] = ["1x1", "1x2"]  # N nodes x P processes per node
 world_sizes: list[int] = []  # instead of placements: N processes as N / procs_per_node nodes
 procs_per_node: int = 0  # with world_sizes: 0 puts all processes on one node
 model: str = "kan"  # kan | kan_rbf | kan_cheb | mlp
 kan_impl: str = "fast"  # B-spline path: compiled | fast | reference
 widths: list[int] = [2, 32, 32, 1]  # layer widths, input first
-widths_list: list[list[int]] = [[2, 32, 32, 1], [32, 128, 128, 1]]  # several model sizes (empty: widths only)
+widths_list: list[list[int]] = []  # several model sizes (empty: widths only)
 grid_size: int = 5  # spline grid intervals
-task: str = "highdim"  # exp_sin | highdim | product | digits | diabetes | feynman:<name> | file
+task: str = "exp_sin"  # exp_sin | highdim | product | digits | diabetes | feynman:<name> | file
 global_batch: int = 512  # samples per step summed over all processes
-global_batches: list[int] = [512, 4096]  # several work sizes (empty: global_batch only)
-steps: int = 16  # optimizer steps, warm-up included
-warmup_steps: int = 4  # steps excluded from timing
-repeats: int = 2  # separate runs per point
+global_batches: list[int] = []  # several work sizes (empty: global_batch only)
+paired: bool = False  # True: the i-th of widths_list with the i-th of global_batches (else every pair)
+steps: int = 10  # optimizer steps, warm-up included
+warmup_steps: int = 3  # steps excluded from timing
+repeats: int = 1  # separate runs per point
 n_train: int = 16384  # training samples generated from the seed (task file: at most this many rows)
 n_val: int = 2048  # held-out validation samples (digits: below 1797, diabetes: below 442)
 data_path: str = ""  # task file: a CSV (header, numeric columns) or .npz (x, y) of real data
@@ -67,7 +68,7 @@ params = notebook.check_parameters(globals())
 base = notebook.base_config(params)
 configs = studies.strong_scaling(world_sizes or None, base, repeats=repeats, procs_per_node=procs_per_node,
                                  placements=None if world_sizes else placements,
-                                 global_batches=global_batches or None, widths_list=widths_list or None)
+                                 global_batches=global_batches or None, widths_list=widths_list or None, paired=paired)
 print(f"{len(configs)} runs: {len({c.placement for c in configs})} placements x "
       f"{len({(c.global_batch, c.widths) for c in configs})} work sizes x {repeats} repeats")
 

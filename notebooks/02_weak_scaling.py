@@ -22,17 +22,17 @@
 # kind of placement (the cluster parameter file has them).
 
 # %% tags=["parameters"]
-placements: list[str] = ["1x1", "1x2", "2x1"]  # N nodes x P processes per node
+placements: list[str] = ["1x1", "1x2"]  # N nodes x P processes per node
 world_sizes: list[int] = []  # instead of placements: N processes as N / procs_per_node nodes
 procs_per_node: int = 0  # with world_sizes: 0 puts all processes on one node
-per_process_batches: list[int] = [64, 2048]  # samples per process per step
+per_process_batches: list[int] = [64]  # samples per process per step
 model: str = "kan"  # kan | kan_rbf | kan_cheb | mlp
 kan_impl: str = "fast"  # compiled | fast | reference
 widths: list[int] = [2, 32, 32, 1]  # layer widths, input first
 grid_size: int = 5  # spline grid intervals
 task: str = "exp_sin"  # exp_sin | highdim | product | digits | diabetes | feynman:<name> | file
-steps: int = 16  # optimizer steps, warm-up included
-warmup_steps: int = 4  # steps excluded from timing
+steps: int = 10  # optimizer steps, warm-up included
+warmup_steps: int = 3  # steps excluded from timing
 repeats: int = 1  # separate runs per point
 n_train: int = 16384  # training samples generated from the seed (task file: at most this many rows)
 n_val: int = 2048  # held-out validation samples (digits: below 1797, diabetes: below 442)

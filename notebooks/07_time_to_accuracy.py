@@ -28,8 +28,8 @@
 # go to `out_dir/time_to_accuracy/`; analysis in `07_time_to_accuracy_analysis`.
 
 # %% tags=["parameters"]
-placements: list[str] = ["1x1", "1x2"]  # N nodes x P processes per node (e.g. add "2x1")
-modes: list[str] = ["strong", "weak"]  # strong (fixed global batch) | weak (fixed per-process batch)
+placements: list[str] = ["1x1"]  # N nodes x P processes per node (e.g. add "2x1")
+modes: list[str] = ["strong"]  # strong (fixed global batch) | weak (fixed per-process batch)
 target_val_loss: float = 0.02  # stop once the validation loss is at most this
 eval_every: int = 10  # evaluate every this many steps (outside the timed region)
 per_process_batch: int = 64  # weak mode: samples per process per step

@@ -58,19 +58,27 @@ def _unique(cfgs: list) -> list:
 
 
 def strong_scaling(world_sizes=None, base: RunConfig | None = None, repeats: int = 1,
-                   procs_per_node: int | None = None, placements=None, global_batches=None, widths_list=None):
+                   procs_per_node: int | None = None, placements=None, global_batches=None, widths_list=None,
+                   paired: bool = False):
     """Fixed global batch, growing process count, at each placement. ``global_batches`` and
-    ``widths_list`` (optional) add points of more or less work per process: each (batch, widths) is its
-    own strong-scaling series, from latency-bound to compute-bound."""
+    ``widths_list`` (optional) add points of more or less work per process: each (widths, batch) is its
+    own strong-scaling series, from latency-bound to compute-bound. Every width with every batch, or with
+    ``paired`` the i-th widths with the i-th batch (equal lengths)."""
     base = base or RunConfig()
-    batches = list(global_batches or [base.global_batch])
+    batches = [int(b) for b in (global_batches or [base.global_batch])]
     widths = [tuple(w) for w in (widths_list or [base.widths])]
+    if paired:
+        if len(widths) != len(batches):
+            raise ConfigError(f"global_batches: paired with widths_list, they need the same length, got "
+                              f"{len(batches)} batches and {len(widths)} widths")
+        works = list(zip(widths, batches))
+    else:
+        works = [(w, b) for w in widths for b in batches]
     cfgs = []
-    for w in widths:
-        for b in batches:
-            for nodes, ppn in placements_of(world_sizes, placements, procs_per_node):
-                cfgs.append(base.replace(study="strong_scaling", nnodes=nodes, nproc_per_node=ppn,
-                                         global_batch=int(b), widths=w, n_train=max(base.n_train, int(b))))
+    for w, b in works:
+        for nodes, ppn in placements_of(world_sizes, placements, procs_per_node):
+            cfgs.append(base.replace(study="strong_scaling", nnodes=nodes, nproc_per_node=ppn,
+                                     global_batch=b, widths=w, n_train=max(base.n_train, b)))
     return _repeat(cfgs, repeats)
 
 

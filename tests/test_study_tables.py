@@ -184,7 +184,8 @@ def test_options_are_set_beside_plain_ddp_and_harm_is_shown(tmp_path):
     assert o.loc["plain DDP", "val_loss_delta"] == 0 and o.loc["plain DDP", "is_plain"]
     g = guidelines.from_out_dir(str(tmp_path), val_loss_tolerance=0.01)
     ans = g.table[g.table["basis"] == "communication options"]["answer"].iloc[0]
-    assert ans.startswith("bf16: step 0.92x plain DDP")  # powersgd is faster but harms convergence
+    # powersgd is faster but harms convergence; bf16's 8% is within the 10% a single option run must beat
+    assert ans.startswith("plain DDP: no option is more than 10% faster (the best, bf16: step 0.92x plain DDP")
     assert any("harming convergence: powersgd rank 1 (+10.0%)" in s for s in g.sentences)
     loose = guidelines.from_out_dir(str(tmp_path), val_loss_tolerance=0.2)
     assert loose.table[loose.table["basis"] == "communication options"]["answer"].iloc[0].startswith("powersgd")
@@ -244,3 +245,18 @@ def test_design_of_new_studies_keeps_axes_out_of_groups(tmp_path):
     # the options vary in one sweep of the study: no "several sweeps" note
     assert d.several_sweeps == [] and {"grad_accum_steps", "powersgd_rank"} <= set(d.groups)
     assert np.isfinite(results.communication_table(results.load_records(str(tmp_path)))["exposed_s"]).all()
+
+
+def test_placements_whose_intervals_overlap_are_not_ranked(tmp_path):
+    """1x2 and 2x1 exposing the same communication within noise: the guideline says so instead of naming a
+    winner that the next run could reverse; a clear difference is still ranked."""
+    recs = opt_recs("1x2", t=(0.0120, 0.010, 0.004), repeats=3) + opt_recs("2x1", t=(0.0121, 0.010, 0.004), repeats=3)
+    write_records(tmp_path / "tie", recs)
+    g = guidelines.from_out_dir(str(tmp_path / "tie"))
+    [ans] = g.table[g.table["question"] == "N=2: placement exposing the least communication"]["answer"]
+    assert ans.startswith("no measurable difference between 1x2, 2x1")
+    recs = opt_recs("1x2", t=(0.0120, 0.010, 0.004), repeats=3) + opt_recs("2x1", t=(0.0200, 0.010, 0.012), repeats=3)
+    write_records(tmp_path / "clear", recs)
+    g = guidelines.from_out_dir(str(tmp_path / "clear"))
+    [ans] = g.table[g.table["question"] == "N=2: placement exposing the least communication"]["answer"]
+    assert ans.startswith("1x2: 2.02 ms exposed")
