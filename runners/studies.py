@@ -150,9 +150,10 @@ def calibration(base: RunConfig | None = None, bench_base=None, placements=("2x1
 
     base = base or RunConfig()
     bench_base = bench_base or BenchConfig()
+    # no emulated placement (the notebooks' CI defaults): only the benchmark of the machine's own links
     runs = communication(base=base, placements=placements, bucket_caps_mb=bucket_caps_mb, nccl_algos=nccl_algos,
                          emulate_latency_s=emulate_latency_s, emulate_bandwidth_bytes_per_s=emulate_bandwidth_bytes_per_s,
-                         repeats=repeats)
+                         repeats=repeats) if placements else []
     multi = [p for p in placements if parse_placement(p)[0] > 1]
     bench = collbench(bench_placements, bench_base, algos=nccl_algos, repeats=bench_repeats)
     bench += collbench(multi, bench_base.replace(emulate_latency_s=float(emulate_latency_s),

@@ -30,6 +30,20 @@ def test_communication_builder_pairs_timed_and_noop(tmp_path):
     assert len({x.run_key() for x in c}) == 8
 
 
+def test_calibration_without_emulated_placements_benchmarks_the_machines_links(tmp_path):
+    """The notebooks' CI defaults emulate nothing: no emulated DDP runs, the plain benchmark still runs."""
+    from kanlib.collbench import BenchConfig
+
+    base = RunConfig(global_batch=64, out_dir=str(tmp_path))
+    runs, bench = studies.calibration(base, BenchConfig(out_dir=str(tmp_path)), placements=[],
+                                      bench_placements=["1x2"])
+    assert runs == [] and [(b.nnodes, b.nproc_per_node, b.emulate_latency_s) for b in bench] == [(1, 2, 0.0)]
+    runs, bench = studies.calibration(base, BenchConfig(out_dir=str(tmp_path)), placements=["2x1"],
+                                      emulate_latency_s=0.005, bench_placements=["1x2"])
+    assert {(c.nnodes, c.comm_hook, c.emulate_latency_s) for c in runs} == {(2, "timed", 0.005), (2, "noop", 0.0)}
+    assert sorted((b.nnodes, b.emulate_latency_s) for b in bench) == [(1, 0.0), (2, 0.005)]
+
+
 @pytest.mark.slow
 def test_exposed_communication_on_two_gloo_processes(tmp_path):
     base = RunConfig(widths=(2, 64, 64, 1), global_batch=128, steps=25, warmup_steps=5, n_train=2048, kan_impl="fast",
