@@ -245,13 +245,16 @@ def train_step(run: Run, step: int, sigterm: _StopRequest) -> StepRow:
             clock.mark("backward")
         losses.append(loss.detach())
     loss = torch.stack(losses).mean() if k > 1 else losses[0]
-    if _gradients_finite(run, loss):
+    finite = _gradients_finite(run, loss)
+    if finite:
         run.optimizer.step()
-    else:
+    elif not _agreed_after_timing(run):
         _handle_non_finite(run, step, loss)
     run.optimizer.zero_grad(set_to_none=True)
     clock.mark("optimizer")
     phases = clock.read()
+    if _agreed_after_timing(run) and _non_finite_anywhere(run, finite):
+        _handle_non_finite(run, step, loss)
     comm = run.comm.end_step() if run.comm is not None else (math.nan, math.nan)  # (in flight, emulated) s
     loss_value = float(loss.item())
     stop_now = run.stop_flag.result() if agree else False
@@ -302,19 +305,33 @@ def _paused(run: Run):
 
 
 def _gradients_finite(run: Run, loss: torch.Tensor) -> bool:
-    """Whether this step's update may be applied, decided identically on every rank.
+    """Whether this step's update may be applied.
 
     After DDP's all-reduce every rank holds the same averaged gradients, so a non-finite loss on any
-    rank shows as non-finite gradients on every rank: no collective is needed. Under the no-op hook
-    (and FSDP's sharded gradients, where each rank sees its own shard) the ranks agree with one.
+    rank shows as non-finite gradients on every rank: no collective is needed. FSDP's sharded gradients
+    (each rank sees its own shard) are agreed with one small collective. Under the no-op hook each rank
+    decides on its own gradients (its replica drifts from the others by design) and the ranks agree after
+    the timed region (:func:`_non_finite_anywhere`): a collective inside it would be time the timed twin
+    does not spend, biasing exposed communication = T_hook - T_noop low.
     """
     grads = [_local(p.grad) for p in run.params if p.grad is not None]
     norms = torch._foreach_norm(grads) if grads else []
     local_ok = bool(torch.isfinite(torch.stack([loss.float(), *norms])).all())
-    if run.info.distributed and (run.cfg.comm_hook == "noop" or run.cfg.parallelism == "fsdp"):
+    if run.info.distributed and run.cfg.parallelism == "fsdp":
         bad = distributed.all_reduce(torch.tensor([0.0 if local_ok else 1.0]), run.info, "max")
         return bool(bad.item() == 0)
     return local_ok
+
+
+def _agreed_after_timing(run: Run) -> bool:
+    """Whether the ranks agree on non-finite losses after the timed region (the no-op hook's runs)."""
+    return run.info.distributed and run.cfg.comm_hook == "noop" and run.cfg.parallelism == "ddp"
+
+
+def _non_finite_anywhere(run: Run, local_ok: bool) -> bool:
+    """One small collective, outside the timed region: did any rank see a non-finite loss or gradient?"""
+    bad = distributed.all_reduce(torch.tensor([0.0 if local_ok else 1.0]), run.info, "max")
+    return bool(bad.item() > 0)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -403,11 +420,7 @@ def finish(run: Run) -> RunRecord | None:
     _close_step(run)
     if run.writer is not None:
         run.writer.close()
-    per_rank = _gather_steps(run)  # (world, steps, fields)
-    timed = records.StepRow.reduced("max")
-    names = timed + ["loss", "emulated_s", "wall_s"]
-    combined = {n: per_rank[:, :, i].max(dim=0).values for i, n in enumerate(names)}
-    combined["loss"] = per_rank[:, :, names.index("loss")].mean(dim=0)
+    combined = _combine_steps(run)  # {field: (steps,)}, each combined over ranks by its rule
     if cfg.comm_hook != "noop" and cfg.parallelism == "ddp":  # without the network replicas drift apart
         _check_replicas_agree(run.model, info)
     peak_local, peak_kind = peak_memory_bytes(info.device)
@@ -423,7 +436,7 @@ def finish(run: Run) -> RunRecord | None:
         return None
     first = run.measure_from - run.start_step
     measured = {n: v[first:].tolist() for n, v in combined.items()}
-    stats = {n: summarize(measured[n]) for n in names}
+    stats = {n: summarize(v) for n, v in measured.items()}
     model_path = os.path.join(run.run_dir, records.MODEL_NAME)
     torch.save(state, model_path + ".tmp")
     os.replace(model_path + ".tmp", model_path)
@@ -477,12 +490,21 @@ def _powersgd_stats(comm) -> dict | None:
     return {"compress_rate": float(rate), "numel_before": int(before), "numel_after": int(after)}
 
 
-def _gather_steps(run: Run) -> torch.Tensor:
-    """Every rank's per-step values of this attempt: ``(world, steps, fields)`` float64 (on the device)."""
-    timed = records.StepRow.reduced("max")
-    local = torch.tensor([[getattr(r, n) for n in timed] + [r.loss, e, w]
+# The per-step values combined over ranks at the end, each by its rule: the StepRow fields that say how
+# (``reduce`` metadata), and two per-step lists kept beside the rows (a step's wall time is known only when
+# the next step starts; the emulated link's delay comes from the hook), both ruled by the slowest rank.
+_BESIDE_ROWS = {"emulated_s": "max", "wall_s": "max"}
+
+
+def _combine_steps(run: Run) -> dict[str, torch.Tensor]:
+    """Every rank's per-step values of this attempt, gathered once (on the device) and combined over ranks:
+    ``{name: (steps,) float64}``."""
+    rules = {n: how for how in ("max", "mean") for n in records.StepRow.reduced(how)} | _BESIDE_ROWS
+    local = torch.tensor([[{"emulated_s": e, "wall_s": w}[n] if n in _BESIDE_ROWS else getattr(r, n) for n in rules]
                           for r, e, w in zip(run.rows, run.emulated_s, run.wall_s)], dtype=torch.float64)
-    return distributed.all_gather(local, run.info)
+    per_rank = distributed.all_gather(local, run.info)  # (world, steps, fields)
+    return {n: (per_rank[:, :, i].max(dim=0).values if how == "max" else per_rank[:, :, i].mean(dim=0))
+            for i, (n, how) in enumerate(rules.items())}
 
 
 def _fsdp(cfg: RunConfig, info: DistInfo) -> bool:

@@ -14,9 +14,11 @@ import torch
 from kanlib import records, results
 from kanlib.config import ConfigError
 from kanlib.faults import parse
-from runhelp import final_params, manifest_rows, max_abs_diff, no_process_left, reference_params, tiny  # noqa: F401
+from runhelp import final_params, manifest_rows, max_abs_diff, reference_params, tiny
 from runners import launch
 from runners.launch import RunFailed, run
+
+pytestmark = pytest.mark.usefixtures("no_process_left")
 
 
 
@@ -99,9 +101,11 @@ def test_nan_on_one_rank_skipped_on_all(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_nan_on_one_rank_stops_all(tmp_path, monkeypatch):
+@pytest.mark.parametrize("hook", ["default", "noop"])
+def test_nan_on_one_rank_stops_all(tmp_path, monkeypatch, hook):
+    # under the no-op hook the ranks agree after the timed region (no collective inside it)
     monkeypatch.setenv("KANLIB_FAULT", "nan@1:6")
-    cfg = tiny(tmp_path, nan_policy="stop")
+    cfg = tiny(tmp_path, nan_policy="stop", comm_hook=hook)
     with pytest.raises(RunFailed) as e:
         run(cfg, echo=False, timeout_s=120)
     assert "NonFiniteLoss: non-finite loss at step 6 on rank(s) [1]" in e.value.error
