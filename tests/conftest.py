@@ -1,8 +1,13 @@
-"""Shared fixtures. ``slurm_cluster``: a real SLURM on localhost (tests/slurm_cluster.py)."""
+"""Shared fixtures. ``slurm_cluster``: a real SLURM on localhost (tests/slurm_cluster.py);
+``no_process_left``: a test of real processes leaves none behind."""
 
 import os
+import signal
+import time
 
 import pytest
+
+import runhelp
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +34,21 @@ def slurm_cluster():
             yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def no_process_left(tmp_path):
+    """Fail a test that leaves a process of its runs behind (and kill those processes). Modules of
+    multi-process runs use it with ``pytestmark = pytest.mark.usefixtures("no_process_left")``."""
+    yield
+    end = time.monotonic() + 20
+    left = runhelp.processes_mentioning(str(tmp_path))
+    while left and time.monotonic() < end:
+        time.sleep(0.2)
+        left = runhelp.processes_mentioning(str(tmp_path))
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"processes left behind: {left}"

@@ -1,16 +1,13 @@
-"""Shared helpers of the fault, checkpoint and sweep tests: tiny configs, reference runs, and a
-check that no test leaves a process behind."""
+"""Shared helpers of the fault, checkpoint and sweep tests: tiny configs, reference runs, and finding
+the processes of a run (the ``no_process_left`` fixture is in conftest.py)."""
 
 from __future__ import annotations
 
 import atexit
 import os
 import shutil
-import signal
 import tempfile
-import time
 
-import pytest
 import torch
 
 from kanlib import records, results
@@ -71,20 +68,3 @@ def processes_mentioning(text: str) -> list[int]:
         if text in cmd and state != "Z":
             found.append(int(e))
     return found
-
-
-@pytest.fixture(autouse=True)
-def no_process_left(tmp_path):
-    """Fail a test that leaves a process of its runs behind (and kill those processes)."""
-    yield
-    end = time.monotonic() + 20
-    left = processes_mentioning(str(tmp_path))
-    while left and time.monotonic() < end:
-        time.sleep(0.2)
-        left = processes_mentioning(str(tmp_path))
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert not left, f"processes left behind: {left}"

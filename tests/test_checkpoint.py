@@ -13,8 +13,10 @@ import torch
 
 from kanlib import checkpoint
 from kanlib.checkpoint import CheckpointError
-from runhelp import final_params, manifest_rows, max_abs_diff, no_process_left, reference_params, tiny  # noqa: F401
+from runhelp import final_params, manifest_rows, max_abs_diff, reference_params, tiny
 from runners.launch import RunFailed, run
+
+pytestmark = pytest.mark.usefixtures("no_process_left")
 
 
 def _state(v: float) -> dict:

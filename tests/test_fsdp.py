@@ -9,8 +9,10 @@ import os
 import pytest
 import torch
 
-from runhelp import final_params, max_abs_diff, no_process_left, tiny  # noqa: F401
+from runhelp import final_params, max_abs_diff, tiny
 from runners.launch import RunFailed, run
+
+pytestmark = pytest.mark.usefixtures("no_process_left")
 
 
 @pytest.mark.slow

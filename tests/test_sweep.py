@@ -13,8 +13,10 @@ import time
 import pytest
 
 from kanlib import records, results
-from runhelp import manifest_rows, no_process_left, processes_mentioning, tiny  # noqa: F401
+from runhelp import manifest_rows, processes_mentioning, tiny
 from runners.sweep import run_sweep
+
+pytestmark = pytest.mark.usefixtures("no_process_left")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
