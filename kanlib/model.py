@@ -13,6 +13,7 @@ The fast B-spline kernels live in :mod:`kanlib.fast_kan`; :func:`kernel_paths` s
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +21,9 @@ from torch import nn
 
 from kanlib import fast_kan
 from kanlib.bspline import bspline_basis, make_grid
+from kanlib.config import KanImpl
 
-KAN_IMPLS = ("reference", "fast", "compiled")  # the same strings as RunConfig.kan_impl
+KAN_IMPLS = get_args(KanImpl)  # the strings of RunConfig.kan_impl, defined once in kanlib.config
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 

@@ -333,3 +333,13 @@ def test_guidelines_change_when_records_change(tmp_path):
     write_records(tmp_path / "faster", strong_records({1: 8.0, 2: 4.0, 4: 2.0, 8: 1.0}, repeats=9))
     after = guidelines.from_out_dir(str(tmp_path)).table["answer"].tolist()
     assert before[0].startswith("1x4 ") and after[0].startswith("1x8 ")
+
+
+def test_a_training_rank_imports_no_analysis_code():
+    """kanlib.train (what every rank imports) pulls in neither pandas nor the analysis half (kanlib.results)."""
+    import subprocess
+    import sys
+
+    code = "import sys, kanlib.train; print(sorted(m for m in ('pandas', 'kanlib.results', 'plotly') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
