@@ -19,7 +19,7 @@
 # Sweeps hidden width, depth and grid size; each KAN runs beside an MLP with (as near as possible) the same
 # parameter count, under each of `parallelisms`: DDP (replicated parameters) and FSDP
 # (`torch.distributed.fsdp.fully_shard`: parameters, gradients and optimizer state sharded over the
-# `world_size` processes). The analysis sets peak memory per process and step time of both side by side and
+# processes of each placement). The analysis sets peak memory per process and step time of both side by side and
 # names the size from which FSDP pays (or says the data show none). Records go to `out_dir/model_size/`.
 
 # %% tags=["parameters"]
@@ -28,9 +28,9 @@ depths: list[int] = [2]  # numbers of hidden layers
 grid_sizes: list[int] = [5]  # spline grid intervals
 with_mlp: bool = True  # add a matched-parameter MLP per KAN
 parallelisms: list[str] = ["ddp"]  # ddp | fsdp (each size under each)
-world_size: int = 2  # processes per run (one node); FSDP shards over them
+placements: list[str] = ["1x2"]  # N nodes x P processes per node; FSDP shards over all N x P processes
 model: str = "kan"  # the KAN kind: kan | kan_rbf | kan_cheb
-kan_impl: str = "fast"  # compiled | fast | reference
+kan_impl: str = "compiled"  # compiled (falls back to fast with a warning) | fast | reference
 widths: list[int] = [2, 1]  # input and output width (hidden layers come from hidden_widths)
 task: str = "exp_sin"  # exp_sin | highdim | product | digits | diabetes | feynman:<name> | file
 global_batch: int = 256  # samples per step
@@ -58,7 +58,7 @@ from runners.sweep import SUMMARY_COLUMNS, run_sweep
 params = notebook.check_parameters(globals())
 base = notebook.base_config(params)
 configs = studies.model_size(hidden_widths, base, grid_sizes=grid_sizes, depths=depths, with_mlp=with_mlp,
-                             repeats=repeats, world_size=world_size, parallelisms=parallelisms)
+                             repeats=repeats, parallelisms=parallelisms, placements=placements)
 print(f"{len(configs)} runs")
 
 # %%

@@ -163,9 +163,10 @@ def calibration(base: RunConfig | None = None, bench_base=None, placements=("2x1
 
 
 def model_size(width_list, base: RunConfig | None = None, grid_sizes=(5,), depths=None, with_mlp: bool = True,
-               repeats: int = 1, world_size: int = 1, parallelisms=("ddp",)):
+               repeats: int = 1, world_size: int = 1, parallelisms=("ddp",), placements=None):
     """A sweep over hidden width, depth and grid size; each KAN beside an MLP with a matched parameter count
-    (kanlib.model.matched_mlp), same data and batch; each under every ``parallelisms`` (ddp, fsdp).
+    (kanlib.model.matched_mlp), same data and batch; each under every ``parallelisms`` (ddp, fsdp), at each
+    of ``placements`` (``"NxP"``; without them, ``world_size`` processes on one node).
 
     ``width_list``: hidden widths; ``depths``: numbers of hidden layers (default: that of ``base``).
     """
@@ -174,19 +175,21 @@ def model_size(width_list, base: RunConfig | None = None, grid_sizes=(5,), depth
     base = base or RunConfig()
     depths = depths or (len(base.widths) - 2,)
     d_in, d_out = base.widths[0], base.widths[-1]
+    points = placements_of([world_size] if placements is None else None, placements)
     cfgs = []
     for par in parallelisms:
         for depth in depths:
             for w in width_list:
                 widths = (d_in, *([int(w)] * depth), d_out)
                 for g in grid_sizes:
-                    kan = base.replace(study="model_size", model="kan", widths=widths, grid_size=int(g),
-                                       nproc_per_node=world_size, parallelism=par)
-                    cfgs.append(kan)
-                    if with_mlp:
-                        mlp = matched_mlp(KAN(widths, grid_size=int(g), spline_order=base.spline_order,
-                                              impl="reference"))
-                        cfgs.append(kan.replace(model="mlp", widths=tuple(mlp.widths), grid_size=base.grid_size))
+                    for nodes, ppn in points:
+                        kan = base.replace(study="model_size", model="kan", widths=widths, grid_size=int(g),
+                                           nnodes=nodes, nproc_per_node=ppn, parallelism=par)
+                        cfgs.append(kan)
+                        if with_mlp:
+                            mlp = matched_mlp(KAN(widths, grid_size=int(g), spline_order=base.spline_order,
+                                                  impl="reference"))
+                            cfgs.append(kan.replace(model="mlp", widths=tuple(mlp.widths), grid_size=base.grid_size))
     # an MLP matched to several grid sizes can repeat: keep each config once
     return _repeat(_unique(cfgs), repeats)
 

@@ -30,6 +30,23 @@ def test_communication_builder_pairs_timed_and_noop(tmp_path):
     assert len({x.run_key() for x in c}) == 8
 
 
+def test_model_size_builder_pairs_each_kan_with_a_matched_mlp_at_each_placement(tmp_path):
+    from kanlib.model import KAN, MLP
+
+    base = RunConfig(global_batch=64, out_dir=str(tmp_path), widths=(2, 8, 1))
+    c = studies.model_size([8, 32], base, parallelisms=["ddp", "fsdp"], placements=["1x2", "2x1"])
+    assert len(c) == 2 * 2 * 2 * 2  # widths x parallelisms x placements x (kan, mlp)
+    assert {(x.nnodes, x.nproc_per_node) for x in c} == {(1, 2), (2, 1)}
+    n_params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    for kan, mlp in zip(c[0::2], c[1::2]):  # each KAN is followed by its matched MLP, at the same point
+        assert (kan.model, mlp.model) == ("kan", "mlp") and kan.widths[1] in (8, 32)
+        assert (kan.nnodes, kan.nproc_per_node, kan.parallelism) == (mlp.nnodes, mlp.nproc_per_node, mlp.parallelism)
+        k, m = n_params(KAN(list(kan.widths), impl="reference")), n_params(MLP(list(mlp.widths)))
+        assert abs(k - m) <= 0.05 * k
+    # without placements: world_size processes on one node
+    assert {(x.nnodes, x.nproc_per_node) for x in studies.model_size([8], base, world_size=2)} == {(1, 2)}
+
+
 def test_calibration_without_emulated_placements_benchmarks_the_machines_links(tmp_path):
     """The notebooks' CI defaults emulate nothing: no emulated DDP runs, the plain benchmark still runs."""
     from kanlib.collbench import BenchConfig
