@@ -22,6 +22,10 @@ from kanlib.config import ConfigError, RunConfig, field_docs
     ({"backend": "nccl", "device": "cpu"}, "backend"),
     ({"global_batch": 100000}, "global_batch"),
     ({"comm_hook": "fast"}, "comm_hook"),
+    ({"nccl_algo": "Tree", "backend": "gloo"}, "nccl_algo"),  # would be recorded as if used
+    ({"pg_timeout_s": float("inf")}, "pg_timeout_s"),  # overflowed after launch
+    ({"pg_timeout_s": float("nan")}, "pg_timeout_s"),
+    ({"lr": float("nan")}, "lr"),
 ])
 def test_invalid_values_name_the_field(kwargs, field):
     with pytest.raises(ConfigError) as e:
