@@ -31,7 +31,8 @@ ANALYSES := 01_strong_scaling_analysis 02_weak_scaling_analysis 03_communication
 # The launch notebooks run first, then the analyses (06_extrapolation reads 01's and 03's records), then the
 # guidelines (which write the report).
 NOTEBOOKS := $(LAUNCH) $(ANALYSES) 05_guidelines
-# Extra papermill arguments for every notebook, e.g. PARAMS="-p repeats 3"
+# Extra papermill arguments for every notebook. A notebook refuses a parameter it does not declare, and the
+# launch and analysis notebooks declare different ones, so a value for some notebooks goes in a PARAMS_SET file
 PARAMS ?=
 # A folder of per-notebook parameter files (notebooks/params/<set>/): launch.yaml for every launch
 # notebook, then <notebook>.yaml. A notebook refuses a parameter it does not have, so each file holds only
