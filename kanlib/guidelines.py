@@ -39,6 +39,13 @@ from kanlib import results
 COLUMNS = ["question", "group", "answer", "value", "basis"]
 
 
+def decision(answer: str) -> str:
+    """The decision an answer makes, without its measured numbers: every answer reads ``decision: detail``
+    (``"1x2 (1 node(s) x 2 processes): 92% [90%, 94%]"`` decides ``1x2 (1 node(s) x 2 processes)``), so two runs
+    of a study agree when their decisions do, while their measured numbers move within their intervals."""
+    return str(answer).split(": ", 1)[0]
+
+
 @dataclass
 class Guidelines:
     """The answers as a table (question, group, answer, value, basis) and as generated sentences."""
@@ -171,16 +178,16 @@ def _strong(df: pd.DataFrame, target: float, rows: list, text: list) -> None:
         ok = g[[meets(e, target) for e in g["efficiency"]]]
         if ok.empty:
             top = g.loc[g["efficiency"].fillna(-1).idxmax()]
-            answer = (f"none of {len(g)} work sizes (best {_ci(top, 'efficiency')} at "
-                      f"{top['work_per_process_s'] * 1e3:.3g} ms per process)")
+            answer = (f"none of {len(g)} work sizes: best {_ci(top, 'efficiency')} at "
+                      f"{top['work_per_process_s'] * 1e3:.3g} ms per process")
             text.append(f"{label}, {key['placement']}: none of the {len(g)} measured work sizes reaches {target:.0%}; "
                         f"the most work per process ({top['work_per_process_s'] * 1e3:.3g} ms, widths "
                         f"{list(top['widths'])}, global batch {int(top['global_batch'])}) gives {_ci(top, 'efficiency')}.")
             value = float(top["efficiency"])
         else:
             r = ok.iloc[0]
-            answer = (f"{r['work_per_process_s'] * 1e3:.3g} ms per process (widths {list(r['widths'])}, global batch "
-                      f"{int(r['global_batch'])}): {_ci(r, 'efficiency')}")
+            answer = (f"widths {list(r['widths'])}, global batch {int(r['global_batch'])}: "
+                      f"{r['work_per_process_s'] * 1e3:.3g} ms per process, {_ci(r, 'efficiency')}")
             text.append(f"{label}, {key['placement']}: {target:.0%} efficiency needs at least "
                         f"{r['work_per_process_s'] * 1e3:.3g} ms of work per process per step (measured: widths "
                         f"{list(r['widths'])}, global batch {int(r['global_batch'])}, {_ci(r, 'efficiency')}).")
@@ -343,10 +350,10 @@ def _comm(df: pd.DataFrame, target: float, rows: list, text: list, fits: dict | 
             n_pred = pr["world_size"]
             if n_pred is None or n_pred <= 1:
                 n_txt = f"that no multi-process world size reaches {target:.0%} strong-scaling efficiency"
-                ans = f"none beyond 1 (calibrated model; {pr['links']})"
+                ans = f"none beyond 1: calibrated model; {pr['links']}"
             else:
                 n_txt = f"{target:.0%} strong-scaling efficiency up to N={n_pred}"
-                ans = f"{n_pred} processes (calibrated model; {pr['links']})"
+                ans = f"{n_pred} processes: calibrated model; {pr['links']}"
             text.append(f"{label}, {p}: the model calibrated on the collective benchmark ({pr['fit']}; {pr['links']}; "
                         f"leave-one-out error {pr['loo_rel_rmse']:.0%}) with this point's measured compute "
                         f"({pr['n_params']} parameters, global batch {pr['global_batch']}, {pr['n_buckets']} "
@@ -460,8 +467,8 @@ def _size(df: pd.DataFrame, memory_budget_bytes: float, step_time_budget_s: floa
                         f"({other} would allow {other_p:.3g}; {lim['bytes_per_param']:.3g} B and "
                         f"{lim['seconds_per_param']:.3g} s per parameter).")
             rows.append({"question": "model size beyond which memory, not time, limits", "group": label,
-                         "answer": (f"{lim['p_mem']:.3g} params" if lim["limit"] == "memory"
-                                    else f"time limits first ({lim['p_time']:.3g} params)"),
+                         "answer": (f"memory limits first: at {lim['p_mem']:.3g} params" if lim["limit"] == "memory"
+                                    else f"time limits first: at {lim['p_time']:.3g} params"),
                          "value": lim["limit_params"], "basis": "model_size"})
 
 
@@ -672,3 +679,42 @@ def from_out_dir(out_dir: str, code: str = "newest", **kwargs) -> Guidelines:
         return Guidelines(pd.DataFrame(columns=COLUMNS), [str(e)])
     kwargs.setdefault("bench", collbench.load_bench(out_dir))
     return compute_guidelines(df, **kwargs)
+
+
+def compare(a: Guidelines, b: Guidelines) -> pd.DataFrame:
+    """The answers of two sets of guidelines side by side (e.g. two runs of the same study): one row per
+    (question, group) of either, with ``answer_a``, ``answer_b`` and ``same`` (the same :func:`decision`). A
+    study says the same thing twice when every row is ``same``; a question only one of them answers is not."""
+    keys = ["question", "group"]
+    left = a.table[keys + ["answer"]].rename(columns={"answer": "answer_a"})
+    right = b.table[keys + ["answer"]].rename(columns={"answer": "answer_b"})
+    both = left.merge(right, on=keys, how="outer")
+    decided = [both[c].map(lambda v: decision(v) if isinstance(v, str) else None) for c in ("answer_a", "answer_b")]
+    both["same"] = decided[0].notna() & (decided[0] == decided[1])
+    return both.reset_index(drop=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kanlib.guidelines OUT [OUT2]``: the guidelines of the records under OUT; with OUT2, both
+    side by side and whether they agree (exit status 1 when any answer differs)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m kanlib.guidelines", description=main.__doc__)
+    ap.add_argument("out_dir", help="a study's output folder (records under <out_dir>/<study>/)")
+    ap.add_argument("other", nargs="?", help="a second output folder to compare with")
+    ap.add_argument("--target-efficiency", type=float, default=0.8)
+    args = ap.parse_args(argv)
+    first = from_out_dir(args.out_dir, target_efficiency=args.target_efficiency)
+    if args.other is None:
+        print(first)
+        return 0
+    table = compare(first, from_out_dir(args.other, target_efficiency=args.target_efficiency))
+    with pd.option_context("display.max_rows", None, "display.max_colwidth", 60, "display.width", 200):
+        print(table.to_string(index=False))
+    differ = int((~table["same"]).sum())
+    print(f"{len(table) - differ} of {len(table)} answers the same" + (f"; {differ} differ" if differ else ""))
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -298,7 +298,8 @@ def test_guidelines_answer_with_placements_and_numbers(tmp_path):
     assert s["placement with efficiency >= 0.8 | kan, global_batch=64"] == \
         "none of 1x2: best 1x2 at 50% [49%, 51%]"
     # the least work per process that reaches 80% at 1x2: the 512 batch (T(1)/2 = 4 s per process)
-    assert s["1x2: least work per process with efficiency >= 0.8 | kan"].startswith("4.04e+03 ms per process")
+    assert s["1x2: least work per process with efficiency >= 0.8 | kan"].startswith(
+        "widths [2, 8, 1], global batch 512: 4.04e+03 ms per process")
     g75 = guidelines.from_out_dir(str(tmp_path), target_efficiency=0.75)
     assert answers(g75, "strong_scaling")["placement with efficiency >= 0.75 | kan, global_batch=512"] \
         .startswith("2x2 (2 node(s) x 2 processes)")
@@ -317,7 +318,7 @@ def test_guidelines_answer_with_placements_and_numbers(tmp_path):
     assert size_row["value"] == pytest.approx((1 - 1e-3) / 1e-9, rel=1e-6)
     assert "time limits first" in size_row["answer"]
     g2 = guidelines.from_out_dir(str(tmp_path), memory_budget_bytes=2**30)
-    assert g2.table[g2.table["basis"] == "model_size"]["answer"].iloc[0] == f"{(2**30 - 1e8) / 16:.3g} params"
+    assert g2.table[g2.table["basis"] == "model_size"]["answer"].iloc[0] == f"memory limits first: at {(2**30 - 1e8) / 16:.3g} params"
 
 
 def test_guideline_without_two_placements_says_why(tmp_path):
@@ -343,3 +344,18 @@ def test_a_training_rank_imports_no_analysis_code():
     code = "import sys, kanlib.train; print(sorted(m for m in ('pandas', 'kanlib.results', 'plotly') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_compare_guidelines_names_every_answer_that_differs():
+    a = guidelines.Guidelines(pd.DataFrame([
+        {"question": "q1", "group": "g", "answer": "1x2 (1 node(s) x 2 processes): 90% [88%, 92%]", "value": 0.9,
+         "basis": ""},
+        {"question": "q2", "group": "g", "answer": "4 MiB (default): 1.2 ms", "value": 1.0, "basis": ""}]))
+    b = guidelines.Guidelines(pd.DataFrame([
+        {"question": "q1", "group": "g", "answer": "1x2 (1 node(s) x 2 processes): 91% [89%, 93%]", "value": 0.91,
+         "basis": ""},
+        {"question": "q2", "group": "g", "answer": "25 MiB (default): 1.2 ms", "value": 1.0, "basis": ""},
+        {"question": "q3", "group": "g", "answer": "none", "value": 0.0, "basis": ""}]))
+    t = guidelines.compare(a, b).set_index("question")
+    assert t["same"].to_dict() == {"q1": True, "q2": False, "q3": False}  # the numbers may move, the decision not
+    assert t.loc["q2", "answer_b"] == "25 MiB (default): 1.2 ms" and pd.isna(t.loc["q3", "answer_a"])
