@@ -426,6 +426,7 @@ def _records_of(recs: pd.DataFrame, key: dict) -> pd.DataFrame:
 
 
 # -- model size ------------------------------------------------------------------------------
+MIN_GROWTH = 0.05
 def memory_or_time_limit(size: pd.DataFrame, memory_budget_bytes: float, step_time_budget_s: float,
                          model: str = "kan") -> dict:
     """Affine fits ``mem = m0 + m1 P`` and ``time = t0 + t1 P`` over the model-size points of
@@ -441,6 +442,16 @@ def memory_or_time_limit(size: pd.DataFrame, memory_budget_bytes: float, step_ti
     p = t["n_params"].to_numpy(float)
     m1, m0 = np.polyfit(p, t["peak_mem_bytes"].to_numpy(float), 1)
     t1, t0 = np.polyfit(p, t["step_time_s"].to_numpy(float), 1)
+    # A budget is extrapolated only along a fit that grows measurably over the measured sizes (by at least
+    # MIN_GROWTH of its value at the smallest): a CPU process's resident set, which the framework dominates at
+    # small sizes, moves by noise, and a near-flat fit would put the limit anywhere.
+    span = p.max() - p.min()
+    flat = [name for name, slope, icpt in (("peak memory", m1, m0), ("step time", t1, t0))
+            if not slope * span > MIN_GROWTH * abs(icpt + slope * p.min())]
+    if flat:
+        raise ValueError(f"{' and '.join(flat)} of {model} did not grow measurably (by {MIN_GROWTH:.0%}) with the "
+                         f"parameter count over the measured sizes ({int(p.min()):,} to {int(p.max()):,} parameters), "
+                         f"so no limit is extrapolated; measure larger sizes")
     p_mem = (memory_budget_bytes - m0) / m1 if m1 > 0 else float("inf")
     p_time = (step_time_budget_s - t0) / t1 if t1 > 0 else float("inf")
     limit = "memory" if p_mem < p_time else "time"
@@ -459,6 +470,8 @@ def _size(df: pd.DataFrame, memory_budget_bytes: float, step_time_budget_s: floa
                 lim = memory_or_time_limit(g, memory_budget_bytes, step_time_budget_s, model)
             except ValueError as e:
                 text.append(f"{label}: {e}.")
+                rows.append({"question": "model size beyond which memory, not time, limits", "group": label,
+                             "answer": f"not resolved: {e}", "value": np.nan, "basis": "model_size"})
                 continue
             other = "time" if lim["limit"] == "memory" else "memory"
             other_p = lim["p_time"] if lim["limit"] == "memory" else lim["p_mem"]
@@ -476,6 +489,14 @@ def _size(df: pd.DataFrame, memory_budget_bytes: float, step_time_budget_s: floa
 # An option counts as faster than plain DDP only when its step is this much shorter: single option runs have no
 # interval, and repeated runs of one config here differ by several percent.
 OPTION_MARGIN = 0.10
+
+
+def within_margin(values: pd.Series, margin: float = OPTION_MARGIN) -> pd.Series:
+    """Which of ``values`` (times: smaller is better) lie within ``margin`` (relative) of the smallest: the
+    candidates a single run cannot tell apart, so a guideline names them together instead of picking one
+    that the next run may not pick."""
+    v = values.astype(float)
+    return v <= v.min() * (1 + margin)
 
 
 def _overlaps(a, b) -> bool:
@@ -569,16 +590,25 @@ def _tta(df: pd.DataFrame, rows: list, text: list) -> None:
             value = np.nan
         else:
             full = done[done["all_reached"]]
-            best = (full if not full.empty else done).sort_values("time_to_target_s").iloc[0]
+            pool = (full if not full.empty else done).sort_values("time_to_target_s")
+            best = pool.iloc[0]
             ci = _ci_s(best)
-            answer = (f"{best['placement']} ({int(best['nnodes'])} node(s) x {int(best['nproc_per_node'])}): "
-                      f"{ci} to validation loss {target} ({int(best['n_reached'])}/{int(best['n_runs'])} runs)")
+            tied = pool[within_margin(pool["time_to_target_s"])]
+            if len(tied) > 1:
+                answer = (f"no measurable difference between {', '.join(tied['placement'])}: within "
+                          f"{OPTION_MARGIN:.0%} of {best['placement']}'s {ci} to validation loss {target}")
+            else:
+                answer = (f"{best['placement']} ({int(best['nnodes'])} node(s) x {int(best['nproc_per_node'])}): "
+                          f"{ci} to validation loss {target} ({int(best['n_reached'])}/{int(best['n_runs'])} runs)")
             rest = "; ".join(f"{r['placement']} {_ci_s(r)}" + ("" if r["all_reached"] else
                                                               f" ({int(r['n_reached'])}/{int(r['n_runs'])} reached)")
                              for _, r in done.iterrows() if r["placement"] != best["placement"])
             missed = [r["placement"] for _, r in g.iterrows() if r["n_reached"] == 0]
             text.append(f"{label}: {best['placement']} reaches the target soonest, in {ci} of training "
-                        f"({best['steps_to_target']:.0f} steps, {best['samples_to_target']:,.0f} samples)"
+                        + (f"(not measurably sooner than {', '.join(tied['placement'][1:])}, within "
+                           f"{OPTION_MARGIN:.0%}) " if len(tied) > 1 else "")
+                        + f"("
+                        f"{best['steps_to_target']:.0f} steps, {best['samples_to_target']:,.0f} samples)"
                         + (f"; also: {rest}" if rest else "")
                         + (f"; never reached at {', '.join(missed)}" if missed else "") + ".")
             value = float(best["time_to_target_s"])
@@ -594,6 +624,11 @@ def _ci_s(row) -> str:
 
 
 # -- compounding ----------------------------------------------------------------------------------
+def _kernel_name(row) -> str:
+    """The kernel a compounding row ran, naming the one asked for when it fell back."""
+    return row["kernel"] if not row["fell_back"] else f"{row['kan_impl']} (ran {row['kernel']})"
+
+
 def _compounding(df: pd.DataFrame, rows: list, text: list) -> None:
     table = results.compounding_table(df)
     if table.empty:
@@ -602,13 +637,17 @@ def _compounding(df: pd.DataFrame, rows: list, text: list) -> None:
     for key, g in results._groupby(table, keys):
         label = _label(key)
         best = g.loc[g["step_time_s"].idxmin()]
-        kname = best["kernel"] if not best["fell_back"] else f"{best['kan_impl']} (ran {best['kernel']})"
+        kname = _kernel_name(best)
         multi = g[(g["world_size"] > 1) & (g["kernel"] != g["baseline_kernel"]) & g["compounding"].notna()]
         comp = "; ".join(f"{r['kernel']} at {r['placement']}: measured {r['measured']:.2f}x vs product "
                          f"{r['product']:.2f}x (efficiency {r['efficiency']:.0%} vs {r['efficiency_ref']:.0%} with the "
                          f"{r['baseline_kernel']} kernel)" for _, r in multi.iterrows())
         answer = (f"{kname} at {best['placement']}: {best['step_time_s'] * 1e3:.3g} ms per step, "
                   f"{best['measured']:.2f}x the {best['baseline_kernel']} kernel on {g.iloc[0]['placement']}")
+        tied = g[within_margin(g["step_time_s"])].sort_values("step_time_s")
+        if len(tied) > 1:
+            names = ", ".join(f"{_kernel_name(r)} at {r['placement']}" for _, r in tied.iterrows())
+            answer = f"no measurable difference between {names}: within {OPTION_MARGIN:.0%} of {answer}"
         text.append(f"{label}: the fastest combination is {answer}" + (f"; {comp}" if comp else "") + ".")
         rows.append({"question": "fastest kernel x placement", "group": label, "answer": answer,
                      "value": float(best["step_time_s"]), "basis": "compounding"})

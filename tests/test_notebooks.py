@@ -31,6 +31,8 @@ def code_cells(nb):
 
 def test_every_notebook_is_a_canonical_jupytext_source_without_outputs():
     import jupytext
+    import nbformat
+    from jupyter_client.kernelspec import KernelSpecManager
     from jupytext.config import load_jupytext_config
 
     assert sorted(os.path.basename(p) for p in SOURCES) == sorted([
@@ -40,11 +42,16 @@ def test_every_notebook_is_a_canonical_jupytext_source_without_outputs():
         "04_model_size_scaling_analysis.py", "05_guidelines.py", "06_extrapolation.py",
         "07_time_to_accuracy_analysis.py", "08_compounding_analysis.py"])
     cfg = load_jupytext_config(SOURCES[0])
+    spec = KernelSpecManager().get_kernel_spec("python3")  # ipykernel's, as installed in this environment
+    running = {"name": "python3", "display_name": spec.display_name, "language": spec.language}
     for path in SOURCES:
         text = open(path).read()
         nb = jupytext.read(path)
         # what JupyterLab's jupytext writes back on save is byte for byte the file: saving does not dirty git
         assert jupytext.writes(nb, fmt="py:percent", config=cfg) == text, path
+        # JupyterLab writes the running kernel's spec into the notebook it saves: it must be the one already there
+        saved = nbformat.from_dict({**nb, "metadata": {**nb.metadata, "kernelspec": running}})
+        assert jupytext.writes(saved, fmt="py:percent", config=cfg) == text, path
         assert "jupytext_version: " not in text and "outputs" not in text.split("# ---", 2)[1]
         cells = code_cells(nb)
         assert cells[0].metadata.get("tags") == ["parameters"], path

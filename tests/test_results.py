@@ -359,3 +359,14 @@ def test_compare_guidelines_names_every_answer_that_differs():
     t = guidelines.compare(a, b).set_index("question")
     assert t["same"].to_dict() == {"q1": True, "q2": False, "q3": False}  # the numbers may move, the decision not
     assert t.loc["q2", "answer_b"] == "25 MiB (default): 1.2 ms" and pd.isna(t.loc["q3", "answer_a"])
+
+
+def test_a_memory_fit_that_does_not_grow_is_not_extrapolated():
+    """A CPU process's resident set, which the framework dominates at small sizes, moves by noise: its fit
+    would put the memory limit anywhere (a run here fitted -484 bytes per parameter)."""
+    size = pd.DataFrame({"model": "kan", "n_params": [880, 10_000, 42_880],
+                         "peak_mem_bytes": [5.02e8, 5.00e8, 5.01e8], "step_time_s": [0.002, 0.004, 0.009]})
+    with pytest.raises(ValueError, match=r"peak memory of kan did not grow measurably \(by 5%\)"):
+        guidelines.memory_or_time_limit(size, 80 * 2**30, 1.0)
+    size["peak_mem_bytes"] = [1e8, 2e8, 5e8]  # grows: the limit is extrapolated
+    assert guidelines.memory_or_time_limit(size, 80 * 2**30, 1.0)["limit"] in ("memory", "time")
