@@ -32,7 +32,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK_DIR = os.path.join(REPO, "notebooks")
 BUILD_DIR = os.path.join(REPO, "build", "notebooks")
 TEMPLATE_DIR = os.path.join(NOTEBOOK_DIR, "nbconvert")
-KERNEL = {"name": "python3", "display_name": "Python 3", "language": "python"}
+# ipykernel's own spec: JupyterLab writes the running kernel's spec into a notebook it saves, so the sources
+# carry exactly this one, and saving a notebook in JupyterLab leaves its text unchanged
+KERNEL = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 
 
 class ParameterError(ValueError):
