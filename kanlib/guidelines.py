@@ -157,6 +157,14 @@ def _strong(df: pd.DataFrame, target: float, rows: list, text: list) -> None:
         else:
             answer = (f"{best['placement']} ({int(best['nnodes'])} node(s) x {int(best['nproc_per_node'])} processes): "
                       f"{_ci(best, 'efficiency')}")
+            # other placements of the same world size that meet it too are named with it, in placement order, so
+            # that which of them measured higher this time does not change the answer
+            same_n = multi[(multi["world_size"] == best["world_size"]).to_numpy()
+                           & np.array([meets(e, target) for e in multi["efficiency"]], dtype=bool)]
+            if len(same_n) > 1:
+                same_n = same_n.sort_values("placement", key=lambda c: c.map(results.placement_key))
+                answer = (f"{', '.join(same_n['placement'])} (N={int(best['world_size'])}): "
+                          + "; ".join(f"{r['placement']} {_ci(r, 'efficiency')}" for _, r in same_n.iterrows()))
             others = multi[(multi["placement"] != best["placement"])]
             alt = "; ".join(f"{r['placement']} {_ci(r, 'efficiency')}" for _, r in others.iterrows())
             text.append(f"{label}: use up to {best['placement']} ({int(best['nnodes'])} node(s) x "
@@ -283,7 +291,7 @@ def _comm(df: pd.DataFrame, target: float, rows: list, text: list, fits: dict | 
                              for _, r in per.iloc[1:].iterrows())
             tied = per[[_overlaps(top, r) for _, r in per.iterrows()]]
             if len(tied) > 1:  # the intervals overlap: the data do not rank these placements
-                names = ", ".join(tied["placement"])
+                names = ", ".join(sorted(tied["placement"], key=results.placement_key))  # not in measured order
                 answer = (f"no measurable difference between {names}: "
                           + "; ".join(f"{r['placement']} {r['exposed_s'] * 1e3:.3g} ms "
                                       f"({_ci(r, 'overhead_fraction', 'overhead_lo', 'overhead_hi')})"
