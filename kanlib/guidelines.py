@@ -255,10 +255,15 @@ def best_bucket(comm: pd.DataFrame, placement: str | None = None) -> dict:
     n_max = int(c["world_size"].max())
     at = c[c["world_size"] == n_max]
     row = at.loc[at["exposed_s"].idxmin()]
+    # the other bucket sizes whose 95% intervals overlap the best one's: the data do not rank them
+    lo, hi = float(row.get("overhead_lo", np.nan)), float(row.get("overhead_hi", np.nan))
+    tied = sorted(float(r["bucket_cap_mb"]) for _, r in at.iterrows()
+                  if r["bucket_cap_mb"] != row["bucket_cap_mb"] and np.isfinite([lo, hi]).all()
+                  and float(r.get("overhead_lo", np.nan)) <= hi and lo <= float(r.get("overhead_hi", np.nan)))
     return {"world_size": n_max, "placement": row["placement"], "bucket_cap_mb": float(row["bucket_cap_mb"]),
             "nccl_algo": row.get("nccl_algo", "") or "default", "exposed_s": float(row["exposed_s"]),
             "overhead_fraction": float(row["overhead_fraction"]), "overhead_lo": float(row.get("overhead_lo", np.nan)),
-            "overhead_hi": float(row.get("overhead_hi", np.nan))}
+            "overhead_hi": float(row.get("overhead_hi", np.nan)), "tied_caps_mb": tied}
 
 
 def _comm(df: pd.DataFrame, target: float, rows: list, text: list, fits: dict | None = None) -> None:
@@ -324,9 +329,14 @@ def _comm(df: pd.DataFrame, target: float, rows: list, text: list, fits: dict | 
             ov = _ci(bb, "overhead_fraction", "overhead_lo", "overhead_hi")
             text.append(f"{label}, {p}: a {bb['bucket_cap_mb']:g} MiB bucket ({bb['nccl_algo']} all-reduce){why} "
                         f"exposes the least communication: {bb['exposed_s'] * 1e3:.3g} ms per step, {ov} of the step.")
+            answer = f"{bb['bucket_cap_mb']:g} MiB ({bb['nccl_algo']}){why}: {bb['exposed_s'] * 1e3:.3g} ms"
+            if bb["tied_caps_mb"]:
+                caps = ", ".join(f"{c:g}" for c in sorted([bb["bucket_cap_mb"], *bb["tied_caps_mb"]]))
+                answer = f"no measurable difference between {caps} MiB: the least, {answer} ({ov} of the step)"
+                text.append(f"{label}, {p}: the 95% intervals of {caps} MiB buckets overlap, so the data do not rank "
+                            f"them.")
             rows.append({"question": f"{p}: bucket size minimising exposed communication", "group": label,
-                         "answer": f"{bb['bucket_cap_mb']:g} MiB ({bb['nccl_algo']}){why}: {bb['exposed_s'] * 1e3:.3g} ms",
-                         "value": bb["exposed_s"], "basis": "communication"})
+                         "answer": answer, "value": bb["exposed_s"], "basis": "communication"})
             # (c) the calibrated model (collective-benchmark fit) extrapolating this placement's best point
             if key["comm_hook"] != "timed":
                 continue  # the model describes the full-precision all-reduce; compressed hooks send other bytes
@@ -601,10 +611,13 @@ def _tta(df: pd.DataFrame, rows: list, text: list) -> None:
             pool = (full if not full.empty else done).sort_values("time_to_target_s")
             best = pool.iloc[0]
             ci = _ci_s(best)
-            tied = pool[within_margin(pool["time_to_target_s"])]
+            lo, hi = (pool.get(c, pd.Series(np.nan, index=pool.index)) for c in ("time_to_target_lo", "time_to_target_hi"))
+            overlap = (lo <= float(hi.iloc[0])) & np.isfinite(hi.iloc[0]) & np.isfinite(lo)
+            tied = pool[within_margin(pool["time_to_target_s"]) | overlap]
             if len(tied) > 1:
-                answer = (f"no measurable difference between {', '.join(tied['placement'])}: within "
-                          f"{OPTION_MARGIN:.0%} of {best['placement']}'s {ci} to validation loss {target}")
+                names = ", ".join(sorted(tied["placement"], key=results.placement_key))
+                answer = (f"no measurable difference between {names}: within {OPTION_MARGIN:.0%} or the 95% interval "
+                          f"of {best['placement']}'s {ci} to validation loss {target}")
             else:
                 answer = (f"{best['placement']} ({int(best['nnodes'])} node(s) x {int(best['nproc_per_node'])}): "
                           f"{ci} to validation loss {target} ({int(best['n_reached'])}/{int(best['n_runs'])} runs)")
@@ -613,8 +626,8 @@ def _tta(df: pd.DataFrame, rows: list, text: list) -> None:
                              for _, r in done.iterrows() if r["placement"] != best["placement"])
             missed = [r["placement"] for _, r in g.iterrows() if r["n_reached"] == 0]
             text.append(f"{label}: {best['placement']} reaches the target soonest, in {ci} of training "
-                        + (f"(not measurably sooner than {', '.join(tied['placement'][1:])}, within "
-                           f"{OPTION_MARGIN:.0%}) " if len(tied) > 1 else "")
+                        + (f"(not measurably sooner than {', '.join(tied['placement'][1:])}: within "
+                           f"{OPTION_MARGIN:.0%} or the 95% interval) " if len(tied) > 1 else "")
                         + f"("
                         f"{best['steps_to_target']:.0f} steps, {best['samples_to_target']:,.0f} samples)"
                         + (f"; also: {rest}" if rest else "")

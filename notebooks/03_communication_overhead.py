@@ -49,6 +49,7 @@ option_bucket_caps_mb: list[float] = [25.0]  # bucket sizes of the option runs
 emulate_latency_s: float = 0.005  # emulated inter-node latency per message (s) at emulate_placements (0 for none)
 emulate_bandwidth_bytes_per_s: float = 0.0  # emulated inter-node bandwidth (0 for no limit)
 emulate_placements: list[str] = []  # multi-node placements also run through the emulated link
+emulate_bucket_caps_mb: list[float] = [25.0]  # bucket sizes of the emulated-link DDP runs
 collbench_placements: list[str] = ["1x2"]  # collective-benchmark placements (the machine's own links)
 collbench_max_bytes: int = 4194304  # largest benchmark message in bytes (at least the largest bucket)
 collbench_size_factor: int = 4  # each benchmark message is this many times the previous one
@@ -95,7 +96,7 @@ configs += studies.communication_options(base, option_placements, option_bucket_
 bench_base = BenchConfig(out_dir=out_dir, backend=backend, device=device, threads=threads, max_bytes=collbench_max_bytes,
                          size_factor=collbench_size_factor, iters=collbench_iters)
 emulated, bench = studies.calibration(base, bench_base, emulate_placements, emulate_latency_s,
-                                      emulate_bandwidth_bytes_per_s, bucket_caps_mb, collbench_placements,
+                                      emulate_bandwidth_bytes_per_s, emulate_bucket_caps_mb, collbench_placements,
                                       nccl_algos=nccl_algos, repeats=repeats, bench_repeats=collbench_repeats)
 configs += emulated
 print(f"{len({c.run_key() for c in configs})} training runs and {len({c.run_key() for c in bench})} benchmark runs")

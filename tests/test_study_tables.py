@@ -273,3 +273,13 @@ def test_placements_whose_intervals_overlap_are_not_ranked(tmp_path):
     g = guidelines.from_out_dir(str(tmp_path / "clear"))
     [ans] = g.table[g.table["question"] == "N=2: placement exposing the least communication"]["answer"]
     assert ans.startswith("1x2: 2.02 ms exposed")
+
+
+def test_bucket_sizes_whose_intervals_overlap_are_not_ranked():
+    comm = pd.DataFrame({"placement": "2x1", "world_size": 2, "bucket_cap_mb": [0.05, 25.0], "nccl_algo": "",
+                         "exposed_s": [0.00196, 0.00276], "overhead_fraction": [0.23, 0.30],
+                         "overhead_lo": [0.05, 0.29], "overhead_hi": [0.37, 0.32]})
+    assert guidelines.best_bucket(comm, "2x1")["tied_caps_mb"] == [25.0]
+    comm["overhead_lo"], comm["overhead_hi"] = [0.05, 0.40], [0.20, 0.45]  # apart: 0.05 MiB is the answer
+    bb = guidelines.best_bucket(comm, "2x1")
+    assert bb["bucket_cap_mb"] == 0.05 and bb["tied_caps_mb"] == []
