@@ -62,9 +62,8 @@ study: notebooks
 	  fi; \
 	  $(PAPERMILL) -p out_dir "$$out" "$$@" $(PARAMS) "$(NB_BUILD)/$$nb.ipynb" "$$out/notebooks/$$nb.ipynb" || exit 1; \
 	done; \
-	for nb in $(ANALYSES) 05_guidelines; do \
-	  $(PY) -m runners.notebook html "$$out/notebooks/$$nb.ipynb" "$$out/notebooks/$$nb.html" >/dev/null || exit 1; \
-	done; \
+	set -- ; for nb in $(ANALYSES) 05_guidelines; do set -- "$$@" "$$out/notebooks/$$nb.ipynb"; done; \
+	$(PY) -m runners.notebook html "$$@" >/dev/null || exit 1; \
 	echo "Study written under $$out/: records per study, figures in $$out/figures/, executed notebooks and their HTML in $$out/notebooks/"; \
 	echo "Report: $$out/report.html"
 

@@ -265,10 +265,15 @@ def main(argv: list[str]) -> int:
         for src in ([_source(n) for n in names] or sources()):
             print(to_ipynb(src, out))
         return 0
-    if argv[:1] == ["html"] and len(argv) == 3:
+    if argv[:1] == ["html"] and len(argv) == 3 and argv[2].endswith(".html"):
         print(export_html(argv[1], argv[2]))
         return 0
-    print("usage: python -m runners.notebook ipynb [--out DIR] [NAME ...] | html IN.ipynb OUT.html", file=sys.stderr)
+    if argv[:1] == ["html"] and len(argv) > 1 and all(a.endswith(".ipynb") for a in argv[1:]):
+        for ipynb in argv[1:]:  # one process for all: nbconvert's import is most of an export's time
+            print(export_html(ipynb))
+        return 0
+    print("usage: python -m runners.notebook ipynb [--out DIR] [NAME ...] | html IN.ipynb OUT.html | "
+          "html IN.ipynb [IN.ipynb ...] (each beside its notebook)", file=sys.stderr)
     return 2
 
 
