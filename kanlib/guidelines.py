@@ -256,10 +256,8 @@ def best_bucket(comm: pd.DataFrame, placement: str | None = None) -> dict:
     at = c[c["world_size"] == n_max]
     row = at.loc[at["exposed_s"].idxmin()]
     # the other bucket sizes whose 95% intervals overlap the best one's: the data do not rank them
-    lo, hi = float(row.get("overhead_lo", np.nan)), float(row.get("overhead_hi", np.nan))
     tied = sorted(float(r["bucket_cap_mb"]) for _, r in at.iterrows()
-                  if r["bucket_cap_mb"] != row["bucket_cap_mb"] and np.isfinite([lo, hi]).all()
-                  and float(r.get("overhead_lo", np.nan)) <= hi and lo <= float(r.get("overhead_hi", np.nan)))
+                  if r["bucket_cap_mb"] != row["bucket_cap_mb"] and _intervals_overlap(row, r))
     return {"world_size": n_max, "placement": row["placement"], "bucket_cap_mb": float(row["bucket_cap_mb"]),
             "nccl_algo": row.get("nccl_algo", "") or "default", "exposed_s": float(row["exposed_s"]),
             "overhead_fraction": float(row["overhead_fraction"]), "overhead_lo": float(row.get("overhead_lo", np.nan)),
@@ -517,13 +515,23 @@ def within_margin(values: pd.Series, margin: float = OPTION_MARGIN) -> pd.Series
     return v <= v.min() * (1 + margin)
 
 
-def _overlaps(a, b) -> bool:
-    """Whether the 95% intervals of the overhead fractions of points ``a`` and ``b`` overlap (no interval: no)."""
-    lo_a, hi_a = a.get("overhead_lo", np.nan), a.get("overhead_hi", np.nan)
-    lo_b, hi_b = b.get("overhead_lo", np.nan), b.get("overhead_hi", np.nan)
-    if not all(np.isfinite(v) for v in (lo_a, hi_a, lo_b, hi_b)):
-        return a is b or (a.get("placement") == b.get("placement"))
+def _intervals_overlap(a, b) -> bool | None:
+    """Whether the 95% intervals of the overhead fractions of points ``a`` and ``b`` overlap; None when either
+    has no finite interval."""
+    lo_a, hi_a = float(a.get("overhead_lo", np.nan)), float(a.get("overhead_hi", np.nan))
+    lo_b, hi_b = float(b.get("overhead_lo", np.nan)), float(b.get("overhead_hi", np.nan))
+    if not np.isfinite([lo_a, hi_a, lo_b, hi_b]).all():
+        return None
     return bool(lo_a <= hi_b and lo_b <= hi_a)
+
+
+def _overlaps(a, b) -> bool:
+    """Whether the 95% intervals of the overhead fractions of points ``a`` and ``b`` overlap (no interval: only
+    a point with itself, or with its own placement)."""
+    both = _intervals_overlap(a, b)
+    if both is None:
+        return a is b or (a.get("placement") == b.get("placement"))
+    return both
 
 
 def _options(df: pd.DataFrame, tolerance: float, rows: list, text: list) -> None:
