@@ -27,7 +27,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SIZES = {  # name -> RunConfig overrides
-    "default study (latency-bound)": dict(widths=(2, 32, 32, 1), global_batch=512, steps=160, warmup_steps=20),
+    "default study (latency-bound)": dict(widths=(2, 32, 32, 1), global_batch=512, steps=520, warmup_steps=20),
     "compute-bound": dict(widths=(64, 256, 256, 1), task="highdim", global_batch=4096, steps=24, warmup_steps=4,
                           n_train=16384),
 }
@@ -119,7 +119,7 @@ def measure(sizes: dict, pairs: int, nproc: int, kan_impl: str) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pairs", type=int, default=5, help="interleaved (bare, kanlib) pairs per size")
+    ap.add_argument("--pairs", type=int, default=8, help="interleaved (bare, kanlib) pairs per size")
     ap.add_argument("--nproc", type=int, default=2, help="gloo processes per run")
     ap.add_argument("--kan-impl", default="fast", help="kan_impl of both loops")
     ap.add_argument("--quick", action="store_true", help="a smoke run: one small size, 2 pairs")

@@ -264,7 +264,8 @@ class RunRecord:
     optimizer_s: float = field(default=math.nan, metadata=_doc("median optimizer time (s)"))
     samples_per_s: float = field(default=math.nan, metadata=_doc("`global_batch / step_time_s` (1/s)"))
     wall_samples_per_s: float = field(default=math.nan, metadata=_doc(
-        "samples per second of wall time over the measured steps, everything between them included (1/s)"))
+        "samples per second of wall time over the measured steps, everything between them included; the "
+        "slowest rank's span (1/s)"))
     comm_total_s: float | None = field(default=None, metadata=_doc(
         "median per-step union of bucket communication intervals (s; only with a timed hook)"))
     n_buckets: int | None = field(default=None, metadata=_doc("gradient buckets per step (only with a timed hook)"))

@@ -14,6 +14,7 @@ import torch
 from kanlib import records, results
 from kanlib.config import ConfigError
 from kanlib.faults import parse
+from kanlib.train import STOP_LATENCY_S
 from runhelp import final_params, manifest_rows, max_abs_diff, reference_params, tiny
 from runners import launch
 from runners.launch import RunFailed, run
@@ -135,8 +136,8 @@ def test_sigterm_preempts_with_checkpoint_and_rerun_resumes(tmp_path, monkeypatc
 
 @pytest.mark.slow
 def test_sigterm_in_the_measured_steps_stops_within_the_agreement_interval(tmp_path, monkeypatch):
-    # After warm-up the ranks agree on a stop about every 50 ms of training (kanlib.train.STOP_LATENCY_S),
-    # not every step: the stop comes a few steps later, on every rank at the same step.
+    # After warm-up the ranks agree on a stop about every 0.5 s of training (kanlib.train.STOP_LATENCY_S,
+    # at most every 1000 steps), not every step: the stop comes later, on every rank at the same step.
     monkeypatch.setenv("KANLIB_FAULT", "term@0:100")
     cfg = tiny(tmp_path, steps=2000, n_train=4096)
     t0 = time.monotonic()
@@ -144,11 +145,12 @@ def test_sigterm_in_the_measured_steps_stops_within_the_agreement_interval(tmp_p
         run(cfg, echo=False, timeout_s=120)
     assert e.value.status == "preempted"
     marker = json.load(open(os.path.join(cfg.run_dir(), "preempted.json")))
-    assert 101 <= marker["step"] <= 201, marker
+    assert 101 <= marker["step"] <= 100 + 1000 + 1, marker
     steps = results.load_steps(cfg.run_dir())
     stop_row = steps[steps.step == marker["step"] - 1].iloc[0]
     fired = steps[steps.step == 100].iloc[0]
-    assert stop_row.time_unix_s - fired.time_unix_s < 1.0  # the stop took well under a second
+    # about STOP_LATENCY_S; 3x for steps slower than the warm-up's under load
+    assert stop_row.time_unix_s - fired.time_unix_s < 3 * STOP_LATENCY_S
     assert time.monotonic() - t0 < 60
 
 
