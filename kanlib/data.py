@@ -474,19 +474,30 @@ class Dataset:
         raise NotImplementedError
 
     @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, device, chunk: int = 8192) -> dict:
+    def evaluate(self, model: torch.nn.Module, device, chunk: int = 8192, pad: bool = False) -> dict:
         """``{"val_loss": float, "val_accuracy": float | None}`` of ``model`` on the validation set.
 
         Deterministic (fixed chunks, summed in float64 on ``device``, one host transfer at the end);
-        call it on every rank under FSDP, whose forward is collective.
+        call it on every rank under FSDP, whose forward is collective. ``pad``: every forward gets
+        exactly ``chunk`` rows (the last chunk padded with copies of the first rows, whose outputs are
+        dropped), so a compiled model evaluated in chunks of its training batch runs only the kernels
+        its training compiled, instead of tracing new ones for another shape.
         """
+        if chunk < 1:
+            raise ValueError(f"chunk must be at least 1, got {chunk}")
         was_training = model.training
         model.eval()
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         correct = torch.zeros((), dtype=torch.float64, device=device)
         for i in range(0, self.n_val, chunk):
             xb, yb = self.x_val[i:i + chunk].to(device), self.y_val[i:i + chunk].to(device)
-            s, c = self._val_sums(model(xb).float(), yb)
+            n = len(xb)
+            if pad and n < chunk:
+                fill = self.x_val[:chunk - n].to(device)
+                while n + len(fill) < chunk:  # a validation set smaller than one chunk
+                    fill = torch.cat([fill, self.x_val[:chunk - n - len(fill)].to(device)])
+                xb = torch.cat([xb, fill])
+            s, c = self._val_sums(model(xb)[:n].float(), yb)
             loss_sum += s
             if c is not None:
                 correct += c

@@ -23,8 +23,9 @@ graph break or dynamo's recompile limit raises and that call runs eagerly, recor
 keeps compiled kernels on disk by default (FX graph cache ``TORCHINDUCTOR_FX_GRAPH_CACHE`` and AOTAutograd
 cache ``TORCHINDUCTOR_AUTOGRAD_CACHE``, both on) under ``TORCHINDUCTOR_CACHE_DIR`` (default
 ``/tmp/torchinductor_<user>``): a second process with the same folder loads instead of compiling. What it
-still pays per process is inductor's import and CPU vector-ISA probe; :func:`prepare_compile` starts
-those in the background.
+still pays per process is inductor's import, dynamo's tracing of each kernel and shape, and the CPU
+vector-ISA probe; :func:`remember_isa_probes` makes the probe once per host, :func:`prepare_compile`
+starts the rest in the background.
 
 Both modes save only x and parameter-sized tensors for backward and rebuild the basis there, so a training
 step keeps nothing of size ``batch * in * coeff`` alive between forward and backward. Non-finite inputs give
@@ -35,7 +36,11 @@ non-finite outputs and gradients on every path, never an exception (a NaN must r
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
+import socket
+import sys
 import threading
 import warnings
 from typing import NamedTuple
@@ -450,6 +455,7 @@ def prepare_compile(device_type: str = "cpu", background: bool = True) -> None:
         try:
             import torch._inductor.compile_fx  # noqa: F401
             if device_type == "cpu":
+                remember_isa_probes()
                 from torch._inductor.cpu_vec_isa import pick_vec_isa
 
                 pick_vec_isa()
@@ -465,6 +471,57 @@ def prepare_compile(device_type: str = "cpu", background: bool = True) -> None:
         work()
 
 
+ISA_PROBES_NAME = "kanlib-vec-isa-probes.json"
+
+
+def remember_isa_probes() -> None:
+    """Make inductor's CPU vector-ISA probe a one-time cost per host, not per process.
+
+    Before its first CPU kernel every process checks each vector ISA the CPU has (AVX-512, AVX2) by
+    building a tiny library (cached on disk) and then loading it in a child Python, one child per ISA:
+    about 1.3 s here, paid by every run of a sweep. This wraps that load probe so that a success is
+    remembered in ``<inductor cache dir>/kanlib-vec-isa-probes.json``, keyed by host, torch, Python and
+    the library's path (which encodes the ISA flags and the compiler), and later processes of the same
+    key skip the child. A failure is never remembered (it is probed again), inductor's settings and
+    therefore its cache keys are unchanged, and where torch has no such probe this does nothing.
+    """
+    try:
+        from torch._inductor import cpu_vec_isa
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError:
+        return
+    original = getattr(cpu_vec_isa.VecISA, "_probe_load", None)
+    if original is None or getattr(original, "kanlib_remembers", False):
+        return
+    store = os.path.join(cache_dir(), ISA_PROBES_NAME)
+    prefix = f"{socket.gethostname()}|{torch.__version__}|{sys.executable}|"
+
+    def probe_load(self, output_path: str) -> bool:
+        key = prefix + output_path
+        try:
+            with open(store) as f:
+                known = json.load(f)
+        except (OSError, ValueError):
+            known = {}
+        if known.get(key) is True and os.path.isfile(output_path):
+            return True
+        ok = original(self, output_path)
+        if ok:
+            known[key] = True
+            tmp = f"{store}.{os.getpid()}.{threading.get_ident()}.tmp"
+            try:
+                os.makedirs(os.path.dirname(store), exist_ok=True)
+                with open(tmp, "w") as f:
+                    json.dump(known, f)
+                os.replace(tmp, store)  # concurrent writers: the last wins, a lost key is probed again
+            except OSError:
+                pass
+        return ok
+
+    probe_load.kanlib_remembers = True
+    cpu_vec_isa.VecISA._probe_load = probe_load
+
+
 def _run_compiled(fn, *args):
     """``torch.compile(fn)(*args)``; raises :class:`CompileUnavailable` where it cannot run.
 
@@ -477,6 +534,8 @@ def _run_compiled(fn, *args):
         raise CompileUnavailable(_BROKEN[device_type])
     try:
         if fn not in _COMPILED:
+            if device_type == "cpu":
+                remember_isa_probes()
             # fullgraph: a graph break would leave part of the kernel eager without telling anyone, and
             # it makes the recompile limit raise instead of silently running eagerly.
             _COMPILED[fn] = torch.compile(fn, dynamic=False, fullgraph=True)

@@ -86,6 +86,13 @@ def test_every_task_builds_shards_and_evaluates(name, tmp_path):
     assert d.evaluate(model, torch.device("cpu")) == ev  # deterministic: every rank gets the same numbers
     chunked = d.evaluate(model, torch.device("cpu"), chunk=37)  # other GEMM shapes: float32 rounding only
     assert chunked["val_loss"] == pytest.approx(ev["val_loss"], rel=1e-5)
+    for chunk in (37, d.n_val + 5, 3 * d.n_val + 1):  # padded: every forward the same shape, pads dropped
+        padded = d.evaluate(model, torch.device("cpu"), chunk=chunk, pad=True)
+        assert padded["val_loss"] == pytest.approx(ev["val_loss"], rel=1e-5)
+        if ev["val_accuracy"] is not None:
+            assert padded["val_accuracy"] == pytest.approx(ev["val_accuracy"])
+    with pytest.raises(ValueError, match="chunk must be at least 1"):
+        d.evaluate(model, torch.device("cpu"), chunk=0)
     with torch.no_grad():
         logits = model(d.x_val)
     if d.kind == "classification":

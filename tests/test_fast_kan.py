@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -359,3 +360,31 @@ def test_prepare_compile_is_idempotent_and_leaves_compiling_working(fresh_dynamo
     x = _inputs(16, 2, torch.float32)
     torch.testing.assert_close(fast(x), ref(x), rtol=1e-5, atol=1e-5)
     assert kernel_paths(fast) == ["compiled"]
+
+
+def test_isa_load_probes_are_remembered_per_host_and_failures_are_not(tmp_path, monkeypatch):
+    cpu_vec_isa = pytest.importorskip("torch._inductor.cpu_vec_isa")
+    from kanlib import fast_kan
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor cache"))
+    calls = []
+
+    def fake_probe(self, output_path):  # the child-Python dlopen that every process pays
+        calls.append(output_path)
+        return "good" in output_path
+
+    monkeypatch.setattr(cpu_vec_isa.VecISA, "_probe_load", fake_probe)
+    fast_kan.remember_isa_probes()
+    fast_kan.remember_isa_probes()  # idempotent: wraps once
+    good, bad = tmp_path / "good.so", tmp_path / "bad.so"
+    good.write_bytes(b"")
+    bad.write_bytes(b"")
+    isa = cpu_vec_isa.VecISA()
+    assert [isa._probe_load(str(good)) for _ in range(3)] == [True] * 3
+    assert [isa._probe_load(str(bad)) for _ in range(2)] == [False] * 2
+    assert calls == [str(good), str(bad), str(bad)]  # a success is probed once, a failure every time
+    store = tmp_path / "inductor cache" / fast_kan.ISA_PROBES_NAME
+    assert list(json.loads(store.read_text()).values()) == [True]
+    good.unlink()  # the library is gone (cache cleaned): probed again, never trusted blindly
+    isa._probe_load(str(good))
+    assert calls[-1] == str(good) and len(calls) == 4
