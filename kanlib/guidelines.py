@@ -534,6 +534,21 @@ def _overlaps(a, b) -> bool:
     return both
 
 
+def _step_intervals_overlap(opt) -> bool:
+    """Whether an option's step-time interval overlaps plain DDP's (an option row of the options table); no
+    interval on either side counts as overlapping: a single run cannot show a difference beyond its noise."""
+    lo, hi = float(opt.get("t_allreduce_lo", np.nan)), float(opt.get("t_allreduce_hi", np.nan))
+    plo, phi = float(opt.get("plain_t_allreduce_lo", np.nan)), float(opt.get("plain_t_allreduce_hi", np.nan))
+    if not np.isfinite([lo, hi, plo, phi]).all() or (lo == hi and plo == phi):
+        return True
+    return bool(lo <= phi and plo <= hi)
+
+
+def _ms_ci(row, prefix: str) -> str:
+    mid = row.get("step_time_s" if prefix == "t_allreduce" else "plain_step_time_s", np.nan)
+    return f"{mid * 1e3:.3g} ms [{row[prefix + '_lo'] * 1e3:.3g}, {row[prefix + '_hi'] * 1e3:.3g}]"
+
+
 def _options(df: pd.DataFrame, tolerance: float, rows: list, text: list) -> None:
     table = results.options_table(df, tolerance=tolerance)
     if table.empty or table["is_plain"].all():
@@ -556,6 +571,10 @@ def _options(df: pd.DataFrame, tolerance: float, rows: list, text: list) -> None
                       f"loss {best['val_loss_rel_delta']:+.2%}")
             if not best["step_time_ratio"] < 1 - OPTION_MARGIN:  # within run-to-run spread of plain DDP
                 answer = (f"plain DDP: no option is more than {OPTION_MARGIN:.0%} faster (the best, {answer})")
+            elif _step_intervals_overlap(best):  # faster in the medians, not beyond the runs' spread
+                answer = (f"plain DDP: no option is faster beyond the 95% intervals of the step times (the best, "
+                          f"{answer}; step {_ms_ci(best, 't_allreduce')} against plain "
+                          f"{_ms_ci(best, 'plain_t_allreduce')})")
             value = float(best["step_time_ratio"])
         harm_txt = "; ".join(f"{r['option']} ({r['val_loss_rel_delta']:+.1%})" for _, r in harm.iterrows())
         text.append(f"{p}: of {len(opts)} data-parallel option(s), the fastest that keeps the validation loss after "

@@ -575,7 +575,8 @@ def communication_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> 
       ``exposed_clipped`` says when that happened);
     - ``overlap_s = comm_total_s - exposed_s``; ``overlap_fraction = overlap_s / comm_total_s``;
     - ``overhead_fraction = exposed_s / t_allreduce_s`` (the study's 'communication overhead'), with a
-      bootstrap interval ``overhead_lo``/``overhead_hi`` resampling both kinds of run;
+      bootstrap interval ``overhead_lo``/``overhead_hi`` resampling both kinds of run (of the difference
+      clipped at 0 only, so the no-op runs' noise shows; it always holds the point);
     - ``compute_s = t_allreduce_s - exposed_s``.
 
     Groups are every other config field that differs (grid size, ``kan_impl``, widths, ...).
@@ -611,8 +612,11 @@ def communication_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> 
             raw = ta - tn
             exposed = float(np.clip(raw, 0.0, ct)) if np.isfinite(ct) else max(raw, 0.0)
             bt, bz = _boot_medians(ta_v, rng, n_boot), _boot_medians(tz, rng, n_boot)
-            hi_clip = ct if np.isfinite(ct) else np.inf
-            ov_lo, ov_hi = _q(np.clip(bt - bz, 0.0, hi_clip) / bt)
+            # The interval is that of the unclipped difference (clipped at 0 only), widened to hold the point:
+            # clipping the bootstrap at comm_total_s too collapsed it onto that bound whenever the no-op runs
+            # were noisy ("27% [27%, 28%]" where two runs of the same point measured 20% and 28%).
+            ov_lo, ov_hi = _q(np.clip(bt - bz, 0.0, None) / bt)
+            ov_lo, ov_hi = min(ov_lo, exposed / ta), max(ov_hi, exposed / ta)
             n = int(key["nnodes"]) * int(key["nproc_per_node"])
             rows.append({**key, **hk, "world_size": n, "placement": placement_of(key["nnodes"], key["nproc_per_node"]),
                          "inter_node": int(key["nnodes"]) > 1, "n_runs": int(min(len(t), len(z))),
@@ -994,7 +998,7 @@ def options_table(df: pd.DataFrame, tolerance: float = 0.01, n_boot: int = 2000,
     # PowerSGD's rank is the option's own parameter, not a difference of the point plain DDP must share
     rest = [f for f in groups if f not in OPTION_FIELDS and f not in ("bucket_cap_mb", "powersgd_rank")]
     same = rest + ["nnodes", "nproc_per_node", "nccl_algo", "emulate_latency_s", "emulate_bandwidth_bytes_per_s"]
-    plain_cols = ("step_time_s", "exposed_s", "val_loss")
+    plain_cols = ("step_time_s", "t_allreduce_lo", "t_allreduce_hi", "exposed_s", "val_loss")
     for c in plain_cols:
         out[f"plain_{c}"] = np.nan
     for i, r in out.iterrows():
