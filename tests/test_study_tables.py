@@ -88,6 +88,23 @@ def test_guideline_names_the_placement_that_reaches_the_target_soonest(tmp_path)
     assert "0.02 (3/3 runs)" in t["kan, lr_rule=none, strong (global batch 256)"]
 
 
+def test_a_placement_only_just_outside_the_best_ones_interval_is_tied(tmp_path):
+    # two runs each, as the default study has: 1x1 took 68 and 77 ms, 1x2 79 and 92 ms (its two step-time modes).
+    # The ranges do not touch, but 1x2's starts within 10% of 1x1's end: the next study run may rank them the
+    # other way, so neither is named.
+    recs = [tta_rec("1x1", 128, 30, t / 30, repeat=0) for t in (0.068,)] + [tta_rec("1x1", 128, 30, 0.077 / 30 / 1.01, repeat=1)]
+    recs += [tta_rec("1x2", 128, 30, 0.079 / 30, repeat=0), tta_rec("1x2", 128, 30, 0.092 / 30 / 1.01, repeat=1)]
+    write_records(tmp_path, recs)
+    t = guidelines.from_out_dir(str(tmp_path)).table
+    ans = t[t["basis"] == "time_to_accuracy"]["answer"].iloc[0]
+    assert guidelines.decision(ans) == "no measurable difference between 1x1, 1x2"
+    # 1x2 far slower (its runs start 30% above 1x1's last): 1x1 is named
+    recs[2:] = [tta_rec("1x2", 128, 30, 0.100 / 30, repeat=0), tta_rec("1x2", 128, 30, 0.110 / 30 / 1.01, repeat=1)]
+    write_records(tmp_path / "apart", recs)
+    t = guidelines.from_out_dir(str(tmp_path / "apart")).table
+    assert guidelines.decision(t[t["basis"] == "time_to_accuracy"]["answer"].iloc[0]) == "1x1 (1 node(s) x 1)"
+
+
 def write_steps(run_dir, rows):
     with open(os.path.join(run_dir, "steps.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=STEP_COLUMNS)
