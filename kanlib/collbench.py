@@ -47,7 +47,7 @@ import warnings
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from kanlib.config import NCCL_ALGOS, NCCL_PROTOS, Backend, Config, ConfigError, Device, parse_placement
+from kanlib.config import NCCL_ALGOS, NCCL_PROTOS, Backend, Config, ConfigError, CpuAffinity, Device, parse_placement
 
 RECORD_KIND = "collbench"
 DType = Literal["float32", "bfloat16", "float16"]
@@ -79,6 +79,9 @@ class BenchConfig(Config):
     """Device of the all-reduced tensors: auto (cuda if available), cpu or cuda."""
     threads: int = 1
     """torch intra-op threads per process."""
+    cpu_affinity: CpuAffinity = "auto"
+    """auto: on CPU each process runs on CPUs of its own, as a training run (RunConfig.cpu_affinity); none: the OS
+    places it."""
     pg_timeout_s: float = 300.0
     """Process-group collective timeout in seconds (a hung rank fails the run after this)."""
     min_bytes: int = 8

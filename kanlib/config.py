@@ -36,6 +36,7 @@ NanPolicy = Literal["stop", "skip"]
 Optimizer = Literal["adam", "sgd"]
 Parallelism = Literal["ddp", "fsdp"]
 LrRule = Literal["none", "linear", "sqrt"]
+CpuAffinity = Literal["auto", "none"]
 NCCL_ALGOS = ("ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 NCCL_PROTOS = ("ll", "ll128", "simple")
 
@@ -252,6 +253,11 @@ class RunConfig(Config):
     """Device: auto (cuda if available), cpu or cuda."""
     threads: int = 1
     """torch intra-op threads per process."""
+    cpu_affinity: CpuAffinity = "auto"
+    """auto: on CPU, each launched process runs on ``threads`` CPUs that no other kanlib process on this host
+    holds (kanlib.distributed.pin_cpus), or where none are free, wherever the OS puts it; on CUDA the OS places
+    it. none: the OS always places it. Unpinned, 2-process runs on 2 cores took 3.2-4.0 ms per step in 4 of 14
+    runs and 2.3-2.6 ms in the rest; pinned, 2.1-2.3 ms in all 14 (docs/measurement.md)."""
     precision: Precision = "fp32"
     """fp32, or bf16 autocast with float32 master weights."""
     parallelism: Parallelism = "ddp"

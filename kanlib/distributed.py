@@ -8,9 +8,11 @@ collective here moves its tensor to ``info.device`` first: an nccl group handles
 from __future__ import annotations
 
 import datetime
+import fcntl
 import os
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -83,10 +85,75 @@ def _nccl_version() -> tuple[int, ...]:
         return (0,)
 
 
+_CPU_CLAIMS: list = []  # open lock files of the CPUs this process holds (released when it exits)
+
+
+def cpu_slot_dir() -> str:
+    """Where processes of this host claim CPUs: ``$KANLIB_CPU_SLOTS``, else ``<tmp>/kanlib-cpu-slots``."""
+    return os.environ.get("KANLIB_CPU_SLOTS") or os.path.join(tempfile.gettempdir(), "kanlib-cpu-slots")
+
+
+def _claim(cpus: list[int], where: str) -> list:
+    """Lock files of ``cpus`` (all or none): an exclusive, non-blocking flock on ``<where>/cpu<i>``."""
+    held = []
+    for c in cpus:
+        fd = os.open(os.path.join(where, f"cpu{c}"), os.O_RDONLY | os.O_CREAT, 0o444)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            for h in held:
+                os.close(h)  # closing the last descriptor releases its lock
+            return []
+        held.append(fd)
+    return held
+
+
+def pin_cpus(cfg, device: str) -> list[int]:
+    """Pin this launched process (and the threads it starts later) to ``cfg.threads`` CPUs no other kanlib
+    process on this host holds; returns the CPUs, or ``[]`` when it is left to the OS.
+
+    Left to the OS, two ranks on two cores sometimes shared one core for a whole run (steps twice as long,
+    docs/measurement.md). Only with ``cfg.cpu_affinity == "auto"``, on CPU, on Linux, in a process a
+    launcher started (torchrun sets ``RANK``: a notebook kernel or test process calling ``train`` is never
+    pinned, nor are the processes it starts later). Each process claims a free block of CPUs among those it
+    may use (``os.sched_getaffinity``, which honours taskset, cgroups and SLURM's binding) with a lock file
+    per CPU, held until it exits, so torchruns of several "nodes" on one host and two sweeps at once get
+    CPUs of their own; when no block is free the process is not pinned.
+    """
+    if (cfg.cpu_affinity != "auto" or device != "cpu" or "RANK" not in os.environ
+            or not hasattr(os, "sched_setaffinity") or _CPU_CLAIMS):
+        return []
+    allowed = sorted(os.sched_getaffinity(0))
+    where = cpu_slot_dir()
+    try:
+        os.makedirs(where, exist_ok=True)
+        if os.stat(where).st_uid == os.getuid():
+            os.chmod(where, 0o1777)  # other users of this host claim CPUs in the same folder
+    except OSError:
+        return []
+    n = cfg.threads
+    for start in range(0, len(allowed) - n + 1, n):
+        block = allowed[start:start + n]
+        try:
+            held = _claim(block, where)
+        except OSError:
+            return []
+        if held:
+            _CPU_CLAIMS.extend(held)
+            os.sched_setaffinity(0, block)
+            return block
+    return []
+
+
 def setup(cfg) -> DistInfo:
-    """Initialise the process group (if launched by torchrun) and pick this rank's device."""
-    torch.set_num_threads(cfg.threads)
+    """Initialise the process group (if launched by torchrun) and pick this rank's device.
+
+    Pins the process to CPUs of its own first (:func:`pin_cpus`), so gloo's and OpenMP's threads, started
+    later, inherit it."""
     device = resolve_device(cfg.device)
+    pin_cpus(cfg, device)
+    torch.set_num_threads(cfg.threads)
     if "RANK" not in os.environ:
         dev = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
         if device == "cuda":

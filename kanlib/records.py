@@ -183,6 +183,9 @@ class Provenance:
     float32_matmul_precision: str = field(default="highest", metadata=_doc(
         "`torch.get_float32_matmul_precision()` (TF32 on CUDA when not `highest`)"))
     hostname: str = field(default="", metadata=_doc("host of rank 0"))
+    cpu_affinity: str = field(default="", metadata=_doc(
+        "CPUs rank 0 may run on (`os.sched_getaffinity`, e.g. `0` when pinned, `0-1` when not; config "
+        "`cpu_affinity`)"))
     slurm_job_id: str | None = field(default=None, metadata=_doc("`SLURM_JOB_ID`"))
     slurm_nodelist: str | None = field(default=None, metadata=_doc("`SLURM_JOB_NODELIST`"))
     launcher: str = field(default="none", metadata=_doc("`local`, `multinode`, `slurm`, or `none` (plain "
@@ -206,6 +209,19 @@ def git_sha() -> str:
     return "unknown"
 
 
+def cpu_list() -> str:
+    """The CPUs this process may run on as ranges (``0-3,8``); empty where the OS does not say."""
+    if not hasattr(os, "sched_getaffinity"):
+        return ""
+    cpus, parts = sorted(os.sched_getaffinity(0)), []
+    for c in cpus:
+        if parts and parts[-1][1] == c - 1:
+            parts[-1][1] = c
+        else:
+            parts.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
+
+
 def provenance() -> Provenance:
     """This process's provenance: versions, host, SLURM job, relevant environment variables."""
     import torch
@@ -224,6 +240,7 @@ def provenance() -> Provenance:
         cuda_version=torch.version.cuda, nccl_version=nccl,
         device_name=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         float32_matmul_precision=torch.get_float32_matmul_precision(), hostname=socket.gethostname(),
+        cpu_affinity=cpu_list(),
         slurm_job_id=os.environ.get("SLURM_JOB_ID"), slurm_nodelist=os.environ.get("SLURM_JOB_NODELIST"),
         launcher=os.environ.get("KANLIB_LAUNCHER", "local" if "RANK" in os.environ else "none"), env=env)
 

@@ -86,3 +86,72 @@ def test_nccl_algorithm_applies_to_all_reduce_only(monkeypatch):
     monkeypatch.setattr(distributed, "_nccl_version", lambda: (2, 18, 1))
     with pytest.warns(UserWarning, match="applies to every collective"):
         assert distributed.nccl_env("Ring", "") == {"NCCL_ALGO": "Ring"}
+
+
+# -- CPU placement (kanlib.distributed.pin_cpus), in real processes that hold their claims ----------------
+_PIN = """
+import os, sys, types
+from kanlib.distributed import pin_cpus
+cfg = types.SimpleNamespace(cpu_affinity=sys.argv[1], threads=int(sys.argv[2]))
+mine = pin_cpus(cfg, sys.argv[3])
+print(",".join(map(str, mine)) or "-", ",".join(map(str, sorted(os.sched_getaffinity(0)))), flush=True)
+sys.stdin.read()  # hold the claim until the test closes stdin
+"""
+
+
+def _pinned(tmp_path, n: int, affinity="auto", threads=1, device="cpu", rank=True, cpus=None):
+    """Start ``n`` processes that call pin_cpus at once and hold their claims; their (pinned, allowed) CPUs."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KANLIB_CPU_SLOTS=str(tmp_path / "slots dir"), PYTHONPATH=ROOT)
+    env.pop("RANK", None)
+    if rank:
+        env["RANK"] = "0"
+    pre = ["taskset", "-c", cpus] if cpus else []
+    procs = [subprocess.Popen(pre + [sys.executable, "-c", _PIN, affinity, str(threads), device], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    try:
+        lines = [p.stdout.readline().split() for p in procs]
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(timeout=30)
+    return [(a, b) for a, b in lines]
+
+
+needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                                    reason="needs Linux CPU affinity and at least 2 CPUs")
+
+
+@needs_affinity
+def test_launched_processes_on_one_host_each_get_cpus_of_their_own(tmp_path):
+    n_cpu = len(os.sched_getaffinity(0))
+    got = _pinned(tmp_path, n_cpu + 1)  # one more process than CPUs
+    pinned = [a for a, b in got if a != "-"]
+    assert sorted(pinned, key=int) == [str(c) for c in sorted(os.sched_getaffinity(0))]  # each CPU once
+    assert all(a == b for a, b in got if a != "-")  # a pinned process runs on its CPU only
+    left = [b for a, b in got if a == "-"]
+    assert len(left) == 1 and len(left[0].split(",")) == n_cpu  # no CPU free: the OS places it
+    # The claims die with their processes: the next ones get CPUs again.
+    assert all(a != "-" for a, b in _pinned(tmp_path, 2))
+
+
+@needs_affinity
+def test_cpus_are_claimed_in_blocks_of_threads_within_what_the_process_may_use(tmp_path):
+    import shutil
+
+    if not shutil.which("taskset"):
+        pytest.skip("needs taskset (util-linux)")
+    got = _pinned(tmp_path, 2, threads=2, cpus="0,1")
+    assert sorted(a for a, b in got) == ["-", "0,1"]
+    got = _pinned(tmp_path, 1, cpus="1")  # taskset/cgroups/SLURM: only the CPUs it may use
+    assert got == [("1", "1")]
+
+
+@needs_affinity
+@pytest.mark.parametrize("why", ["none", "cuda", "not launched"])
+def test_a_process_is_left_to_the_os_when_asked_on_cuda_or_when_not_launched(tmp_path, why):
+    got = _pinned(tmp_path, 1, affinity="none" if why == "none" else "auto",
+                  device="cuda" if why == "cuda" else "cpu", rank=why != "not launched")
+    assert got[0][0] == "-" and len(got[0][1].split(",")) == len(os.sched_getaffinity(0))
