@@ -183,7 +183,7 @@ class Provenance:
     float32_matmul_precision: str = field(default="highest", metadata=_doc(
         "`torch.get_float32_matmul_precision()` (TF32 on CUDA when not `highest`)"))
     hostname: str = field(default="", metadata=_doc("host of rank 0"))
-    cpu_affinity: str = field(default="", metadata=_doc(
+    rank0_cpus: str = field(default="", metadata=_doc(
         "CPUs rank 0 may run on (`os.sched_getaffinity`, e.g. `0` when pinned, `0-1` when not; config "
         "`cpu_affinity`)"))
     slurm_job_id: str | None = field(default=None, metadata=_doc("`SLURM_JOB_ID`"))
@@ -240,7 +240,7 @@ def provenance() -> Provenance:
         cuda_version=torch.version.cuda, nccl_version=nccl,
         device_name=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         float32_matmul_precision=torch.get_float32_matmul_precision(), hostname=socket.gethostname(),
-        cpu_affinity=cpu_list(),
+        rank0_cpus=cpu_list(),
         slurm_job_id=os.environ.get("SLURM_JOB_ID"), slurm_nodelist=os.environ.get("SLURM_JOB_NODELIST"),
         launcher=os.environ.get("KANLIB_LAUNCHER", "local" if "RANK" in os.environ else "none"), env=env)
 

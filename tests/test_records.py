@@ -116,3 +116,16 @@ def test_a_full_disk_loses_nothing_already_written(full_disk):
     rows, _ = records.read_manifest_rows(manifest)
     assert [(r["run_key"], r["status"]) for r in rows] == [("a", "ok")]
     assert checkpoint.load_latest(str(run_dir))["step"] == 5
+
+
+def test_no_provenance_or_measurement_field_overwrites_a_config_field():
+    # record.json is flat: a provenance or measurement field named like a config field would replace the
+    # config's value, and analyses group by config fields (a per-run value there splits every group).
+    import dataclasses
+
+    from kanlib.collbench import BenchConfig
+    from kanlib.config import RunConfig
+
+    config = {f.name for cls in (RunConfig, BenchConfig) for f in dataclasses.fields(cls)}
+    ours = {f.name for f in dataclasses.fields(records.Provenance)} | set(records.MEASUREMENT_FIELDS)
+    assert config & ours <= {"backend", "device"}  # the values used, by design (the requested ones are kept)
