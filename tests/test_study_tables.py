@@ -320,3 +320,15 @@ def test_bucket_sizes_whose_intervals_overlap_are_not_ranked():
     comm["overhead_lo"], comm["overhead_hi"] = [0.05, 0.40], [0.20, 0.45]  # apart: 0.05 MiB is the answer
     bb = guidelines.best_bucket(comm, "2x1")
     assert bb["bucket_cap_mb"] == 0.05 and bb["tied_caps_mb"] == []
+
+
+def test_overhead_intervals_only_just_apart_are_not_ranked():
+    """Two runs per point make an interval about the range of the runs: '14% [13%, 15%]' against '16% [15.5%,
+    18%]' do not touch, yet the next study run drew them overlapping. Only a gap of more than 10% of the
+    better one's upper end ranks them (the rule of every other guideline)."""
+    a = {"overhead_lo": 0.13, "overhead_hi": 0.15}
+    assert guidelines._intervals_overlap(a, {"overhead_lo": 0.155, "overhead_hi": 0.18})
+    assert guidelines._intervals_overlap(a, {"overhead_lo": 0.165, "overhead_hi": 0.18})  # 0.15 * 1.1 = 0.165
+    assert not guidelines._intervals_overlap(a, {"overhead_lo": 0.17, "overhead_hi": 0.18})
+    assert not guidelines._intervals_overlap({"overhead_lo": 0.17, "overhead_hi": 0.18}, a)  # symmetric
+    assert guidelines._intervals_overlap(a, {"overhead_lo": np.nan, "overhead_hi": 0.18}) is None
