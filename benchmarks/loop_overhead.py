@@ -42,11 +42,11 @@ def bare_main(argv: list[str]) -> None:
 
     from kanlib.config import RunConfig
     from kanlib.data import make_dataset
+    from kanlib.distributed import pin_cpus
     from kanlib.model import build_model
     from kanlib.train import _buffer_sync, make_optimizer
 
     cfg = RunConfig.from_cli(argv)
-    from kanlib.distributed import pin_cpus
     pin_cpus(cfg, "cpu")  # placed like kanlib.train's processes, so the pair differs only in the loop
     torch.set_num_threads(cfg.threads)
     dist.init_process_group("gloo")

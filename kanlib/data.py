@@ -492,11 +492,8 @@ class Dataset:
         for i in range(0, self.n_val, chunk):
             xb, yb = self.x_val[i:i + chunk].to(device), self.y_val[i:i + chunk].to(device)
             n = len(xb)
-            if pad and n < chunk:
-                fill = self.x_val[:chunk - n].to(device)
-                while n + len(fill) < chunk:  # a validation set smaller than one chunk
-                    fill = torch.cat([fill, self.x_val[:chunk - n - len(fill)].to(device)])
-                xb = torch.cat([xb, fill])
+            if pad and n < chunk:  # the first rows again, cycling when the set is smaller than one chunk
+                xb = torch.cat([xb, self.x_val[torch.arange(chunk - n) % self.n_val].to(device)])
             s, c = self._val_sums(model(xb)[:n].float(), yb)
             loss_sum += s
             if c is not None:

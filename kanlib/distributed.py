@@ -96,16 +96,14 @@ def cpu_slot_dir() -> str:
 def _claim(cpus: list[int], where: str) -> list:
     """Lock files of ``cpus`` (all or none): an exclusive, non-blocking flock on ``<where>/cpu<i>``."""
     held = []
-    for c in cpus:
-        fd = os.open(os.path.join(where, f"cpu{c}"), os.O_RDONLY | os.O_CREAT, 0o444)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            for h in held:
-                os.close(h)  # closing the last descriptor releases its lock
-            return []
-        held.append(fd)
+    try:
+        for c in cpus:
+            held.append(os.open(os.path.join(where, f"cpu{c}"), os.O_RDONLY | os.O_CREAT, 0o444))
+            fcntl.flock(held[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # taken by another process, or the file cannot be opened: hold none of the block
+        for fd in held:
+            os.close(fd)  # closing the last descriptor releases its lock
+        return []
     return held
 
 
@@ -135,10 +133,7 @@ def pin_cpus(cfg, device: str) -> list[int]:
     n = cfg.threads
     for start in range(0, len(allowed) - n + 1, n):
         block = allowed[start:start + n]
-        try:
-            held = _claim(block, where)
-        except OSError:
-            return []
+        held = _claim(block, where)
         if held:
             _CPU_CLAIMS.extend(held)
             os.sched_setaffinity(0, block)

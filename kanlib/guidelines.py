@@ -521,8 +521,14 @@ def _intervals_overlap(a, b, margin: float = OPTION_MARGIN) -> bool | None:
     is about the range of the runs, so intervals that merely do not touch flip between study runs (the exposed
     communication of 1x2 and 2x1, one host apart from the launch: '14% [12%, 16%]' and '16% [14%, 18%]' in one
     run, '14% [13%, 15%]' clear of 2x1's in the next)."""
-    lo_a, hi_a = float(a.get("overhead_lo", np.nan)), float(a.get("overhead_hi", np.nan))
-    lo_b, hi_b = float(b.get("overhead_lo", np.nan)), float(b.get("overhead_hi", np.nan))
+    return _ranges_overlap(a, b, "overhead", "overhead", margin)
+
+
+def _ranges_overlap(a, b, col_a: str, col_b: str, margin: float = 0.0) -> bool | None:
+    """Whether the interval ``a[col_a_lo], a[col_a_hi]`` and ``b[col_b_lo], b[col_b_hi]``, each widened upward by
+    ``margin`` (relative), overlap; None when either bound is not finite."""
+    lo_a, hi_a = float(a.get(f"{col_a}_lo", np.nan)), float(a.get(f"{col_a}_hi", np.nan))
+    lo_b, hi_b = float(b.get(f"{col_b}_lo", np.nan)), float(b.get(f"{col_b}_hi", np.nan))
     if not np.isfinite([lo_a, hi_a, lo_b, hi_b]).all():
         return None
     return bool(lo_a <= hi_b * (1 + margin) and lo_b <= hi_a * (1 + margin))
@@ -540,11 +546,10 @@ def _overlaps(a, b) -> bool:
 def _step_intervals_overlap(opt) -> bool:
     """Whether an option's step-time interval overlaps plain DDP's (an option row of the options table); no
     interval on either side counts as overlapping: a single run cannot show a difference beyond its noise."""
-    lo, hi = float(opt.get("t_allreduce_lo", np.nan)), float(opt.get("t_allreduce_hi", np.nan))
-    plo, phi = float(opt.get("plain_t_allreduce_lo", np.nan)), float(opt.get("plain_t_allreduce_hi", np.nan))
-    if not np.isfinite([lo, hi, plo, phi]).all() or (lo == hi and plo == phi):
-        return True
-    return bool(lo <= phi and plo <= hi)
+    both = _ranges_overlap(opt, opt, "t_allreduce", "plain_t_allreduce")
+    single = (opt.get("t_allreduce_lo") == opt.get("t_allreduce_hi")
+              and opt.get("plain_t_allreduce_lo") == opt.get("plain_t_allreduce_hi"))
+    return True if both is None or single else both
 
 
 def _ms_ci(row, prefix: str) -> str:
