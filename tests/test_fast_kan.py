@@ -208,6 +208,26 @@ def test_non_finite_inputs_give_non_finite_outputs(impl, fresh_dynamo):
     assert big.grad is not None
 
 
+def test_eager_scratch_buffers_shared_by_interleaved_layers():
+    """The eager kernels reuse one set of scratch buffers: layers of other shapes and dtypes running
+    between a layer's forward and its backward (a deeper stack, a float64 model, a no-grad evaluation)
+    must not change any value or gradient."""
+    pairs = [_pair(5, 7, 6, 3), _pair(3, 2, 4, 2), _pair(4, 3, 5, 3, dtype=torch.float64)]
+    # the first call is the biggest, so the later ones reuse its buffers instead of growing new ones
+    xs = [_inputs(100, 5, torch.float32), _inputs(40, 3, torch.float32), _inputs(30, 4, torch.float64)]
+    expected = [_grads(ref, x) for (ref, _), x in zip(pairs, xs)]
+    inputs = [x.clone().requires_grad_() for x in xs]
+    outs = [fast(x) for (_, fast), x in zip(pairs, inputs)]  # every forward, then every backward
+    with torch.no_grad():
+        pairs[1][1](_inputs(60, 3, torch.float32))  # an evaluation in between
+    for (_, fast), x, y, (yr, gr) in zip(reversed(pairs), reversed(inputs), reversed(outs), reversed(expected)):
+        got = torch.autograd.grad(y.sum(), [x, *fast.parameters()])
+        torch.testing.assert_close(y, yr, rtol=1e-5, atol=1e-5)
+        for a, b in zip(gr, got):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    assert all(kernel_paths(fast) == ["fast"] for _, fast in pairs)
+
+
 def test_fast_saves_no_basis_for_backward():
     for impl in FAST_IMPLS:
         layer = KANLinear(16, 8, grid_size=10, impl=impl)
