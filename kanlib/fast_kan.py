@@ -127,6 +127,20 @@ def uniform_tables(grid_size: int, spline_order: int, device) -> torch.Tensor:
     return _TABLES[key]
 
 
+def flat_tables(grid_size: int, spline_order: int, n_in: int, device) -> torch.Tensor:
+    """``(in * (G + 2k + 2), k + 1)`` int64: for input i in knot interval ``mi`` (row ``i * (G + 2k + 2) + mi``),
+    the index of local value r's basis in the flattened ``(in * C,)`` spline coefficients of one output,
+    ``i * C + j``, or ``in * C`` (one slot past them, a sink) where that basis does not exist."""
+    key = ("flat", grid_size, spline_order, n_in, str(device))
+    if key not in _TABLES:
+        cols = _tables_cpu(grid_size, spline_order)  # (G + 2k + 2, k + 1): j + 1 or 0
+        n_coeff = grid_size + spline_order
+        i = torch.arange(n_in).view(-1, 1, 1)
+        flat = torch.where(cols > 0, i * n_coeff + cols - 1, n_in * n_coeff)  # (in, G + 2k + 2, k + 1)
+        _TABLES[key] = flat.view(-1, spline_order + 1).to(device)
+    return _TABLES[key]
+
+
 @functools.lru_cache(maxsize=None)
 def local_poly(spline_order: int) -> torch.Tensor:
     """``(k + 1, 2k + 2)`` float64: ``[t^0 .. t^k] @ M = [values, d/dt values]`` of :func:`local_bspline`.
@@ -187,12 +201,13 @@ class _Scratch(threading.local):
 _SCRATCH = _Scratch()
 
 
-def _local(x: torch.Tensor, grid: UniformGrid):
+def _local(x: torch.Tensor, grid: UniformGrid, flat: bool = False):
     """Columns of the k + 1 nonzero bases of each ``x: (batch, in)`` and the powers of t (scratch buffers).
 
     Returns ``(col, powers)``: col ``(batch * in, k + 1)`` int64, the feature column of local value r
     (0 for bases that do not exist); powers ``(k + 1, batch * in)``, rows ``1, t, .., t^k`` for ``t``
-    the position inside the knot interval. The basis values are ``P @ powers`` with ``P`` from
+    the position inside the knot interval. With ``flat``, col holds the indices of :func:`flat_tables`
+    instead (x must be ``(batch, in)``). The basis values are ``P @ powers`` with ``P`` from
     :func:`_poly_t`: powers are local-value-major because ``(k + 1, k + 1) @ (k + 1, n)`` is a fast
     wide GEMM where ``(n, k + 1) @ (k + 1, k + 1)`` is a tall-skinny one ~7x slower. Non-finite x gives
     NaN powers at valid columns, never an out-of-range index.
@@ -210,7 +225,12 @@ def _local(x: torch.Tensor, grid: UniformGrid):
     inner = float(k1)
     mi = torch.nan_to_num_(m.add_(1), nan=inner, posinf=inner, neginf=inner).clamp_(0, grid.cols.shape[0] - 1)
     mi = _SCRATCH.get("mi", u.shape, torch.int64, x.device).copy_(mi)  # whole numbers >= 0: exact
-    col = torch.index_select(grid.cols, 0, mi,
+    table = grid.cols
+    if flat:
+        n_int = grid.cols.shape[0]
+        table = flat_tables(grid.grid_size, grid.spline_order, x.shape[1], x.device)
+        mi.view(x.shape).add_(torch.arange(0, x.shape[1] * n_int, n_int, device=x.device))
+    col = torch.index_select(table, 0, mi,
                              out=_SCRATCH.get("col", (n, k1), torch.int64, x.device))  # (batch * in, k + 1)
     for q in range(2, k1):
         torch.mul(powers[q - 1], t, out=powers[q])
@@ -229,6 +249,23 @@ def _poly_t(spline_order: int, dtype: torch.dtype, device, derivative: bool) -> 
     return _POLYS[key]
 
 
+def _values(powers: torch.Tensor, grid: UniformGrid) -> torch.Tensor:
+    """``(batch * in, k + 1)`` basis values at the local columns from :func:`_local`'s powers (scratch)."""
+    vals_t = torch.mm(_poly_t(grid.spline_order, powers.dtype, powers.device, False), powers,
+                      out=_SCRATCH.get("vals_t", powers.shape, powers.dtype, powers.device))  # (k + 1, batch * in)
+    vals = _SCRATCH.get("vals", powers.shape[::-1], powers.dtype, powers.device)
+    vals.t().copy_(vals_t)  # ~3x faster than vals_t.t().contiguous(), which reads strided
+    return vals
+
+
+def _d_du(picked: torch.Tensor, powers: torch.Tensor, grid: UniformGrid) -> torch.Tensor:
+    """``(batch * in,)`` d loss / du from ``picked: (batch * in, k + 1)``, d loss / d the k + 1 local basis
+    values: ``sum_r picked_r dvals_r = sum_q t^q (Md^T picked)_q``, Md the derivative's polynomial (scratch)."""
+    z = torch.mm(_poly_t(grid.spline_order, powers.dtype, powers.device, True).t(), picked.t(),
+                 out=_SCRATCH.get("z", powers.shape, powers.dtype, powers.device))  # (k + 1, batch * in)
+    return torch.sum(z.mul_(powers), 0, out=_SCRATCH.get("g_u", (z.shape[1],), powers.dtype, powers.device))
+
+
 def uniform_features(x: torch.Tensor, grid: UniformGrid, col=None, powers=None, scratch: bool = False) -> torch.Tensor:
     """``(batch, in, 1 + C)`` features ``[silu(x_i), B_0(x_i) .. B_{C-1}(x_i)]`` by the closed form.
 
@@ -239,10 +276,7 @@ def uniform_features(x: torch.Tensor, grid: UniformGrid, col=None, powers=None, 
     batch, n_in = x.shape
     if col is None:
         col, powers = _local(x, grid)
-    vals_t = torch.mm(_poly_t(grid.spline_order, x.dtype, x.device, False), powers,
-                      out=_SCRATCH.get("vals_t", powers.shape, x.dtype, x.device))  # (k + 1, batch * in)
-    vals = _SCRATCH.get("vals", col.shape, x.dtype, x.device)
-    vals.t().copy_(vals_t)  # (batch * in, k + 1): ~3x faster than vals_t.t().contiguous(), which reads strided
+    vals = _values(powers, grid)
     shape = (batch * n_in, 1 + grid.n_coeff)
     feats = _SCRATCH.get("feats", shape, x.dtype, x.device).zero_() if scratch else x.new_zeros(shape)
     feats.scatter_(1, col, vals)  # bases that do not exist land in column 0 (contiguous operands: ~2x faster) ...
@@ -341,16 +375,84 @@ class _EagerKAN(torch.autograd.Function):
                 grad_input=g_silu)  # (batch, in)
             gf[:, 0] = 0  # bases that do not exist point at column 0: they must gather 0
             picked = torch.gather(gf, 1, col, out=_SCRATCH.get("picked", col.shape, x.dtype, x.device))
-            # d loss / du = sum_r picked_r dvals_r = sum_q t^q (Md^T picked)_q, Md the derivative's polynomial
-            z = torch.mm(_poly_t(grid.spline_order, x.dtype, x.device, True).t(), picked.t(),
-                         out=_SCRATCH.get("z", powers.shape, x.dtype, x.device))  # (k + 1, batch * in)
-            g_u = torch.sum(z.mul_(powers), 0, out=_SCRATCH.get("g_u", (z.shape[1],), x.dtype, x.device))
-            grad_x = torch.addcmul(g_silu, g_u.view_as(x), grid.inv_h)  # du/dx = inv_h
+            grad_x = torch.addcmul(g_silu, _d_du(picked, powers, grid).view_as(x), grid.inv_h)  # du/dx = inv_h
         if any(need_w):
             feats = uniform_features(x, grid, col, powers, scratch=True).view(x.shape[0], -1).to(gdt)
             gw = torch.mm(grad_y.t(), feats, out=_SCRATCH.get("gw", (n_out, feats.shape[1]), gdt, x.device))
             grad_base, grad_spline, grad_scaler = _param_grads(
                 gw.to(spline_weight.dtype).view(n_out, n_in, 1 + n_coeff), spline_weight, spline_scaler, need_w)
+        return grad_x, grad_base, grad_spline, grad_scaler, None, None, None
+
+
+class _EagerSmallOutKAN(torch.autograd.Function):
+    """Exact KAN layer with at most ``SMALL_OUT`` outputs on a uniform grid, eager, without features.
+
+    Its GEMMs would be matrix-vector products bound by writing and reading the ``(batch, in, 1 + C)``
+    features twice a step; instead each output gathers its k + 1 scaled coefficients per input (indices
+    of :func:`flat_tables`, a sink slot of weight 0 for bases that do not exist) and takes a dot product
+    with the basis values, and backward scatter-adds the coefficient gradients. Same function and
+    gradients as :class:`_EagerKAN`; saves x and the parameters.
+    """
+
+    @staticmethod
+    def _coeffs(spline_weight, spline_scaler):
+        """``(out, in * C + 1)``: scaled spline coefficients, flattened, and a trailing 0 (the sink)."""
+        n_out = spline_weight.shape[0]
+        ws = spline_weight.new_zeros(n_out, spline_weight[0].numel() + 1)
+        dst = ws[:, :-1].view_as(spline_weight)
+        if spline_scaler is None:
+            dst.copy_(spline_weight)
+        else:
+            torch.mul(spline_weight.permute(2, 0, 1), spline_scaler, out=dst.permute(2, 0, 1))
+        return ws
+
+    @staticmethod
+    def forward(ctx, x, base_weight, spline_weight, spline_scaler, grid: UniformGrid, gemm_dtype, paths):
+        paths.add("fast")
+        batch = x.shape[0]
+        col, powers = _local(x, grid, flat=True)
+        vals = _values(powers, grid).view(batch, -1)  # (batch, in * (k + 1))
+        ws = _EagerSmallOutKAN._coeffs(spline_weight, spline_scaler)
+        silu = torch.ops.aten.silu.out(x, out=_SCRATCH.get("silu", x.shape, x.dtype, x.device))
+        y = silu @ base_weight.t()  # (batch, out)
+        g = _SCRATCH.get("coef", col.shape, x.dtype, x.device).view(batch, -1)
+        for o in range(y.shape[1]):  # at most SMALL_OUT
+            torch.index_select(ws[o], 0, col.view(-1), out=g.view(-1))
+            y[:, o] += torch.linalg.vecdot(g, vals)
+        ctx.save_for_backward(x, base_weight, spline_weight, spline_scaler, ws)
+        ctx.grid, ctx.paths = grid, paths
+        return y.to(gemm_dtype)
+
+    @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: double backward raises
+    def backward(ctx, grad_y):
+        x, base_weight, spline_weight, spline_scaler, ws = ctx.saved_tensors
+        grid = ctx.grid
+        ctx.paths.add("fast")
+        n_out, n_in, n_coeff = spline_weight.shape
+        batch = x.shape[0]
+        grad_y = grad_y.to(x.dtype)  # (batch, out)
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1:4]
+        col, powers = _local(x, grid, flat=True)
+        vals = _values(powers, grid).view(batch, -1)  # (batch, in * (k + 1))
+        grad_x = grad_base = grad_spline = grad_scaler = None
+        if need_x:
+            g = _SCRATCH.get("coef", col.shape, x.dtype, x.device).view(batch, -1)
+            picked = _SCRATCH.get("picked", col.shape, x.dtype, x.device).view(batch, -1).zero_()
+            for o in range(n_out):  # d loss / d local basis values: sum_o grad_y_o * coefficient_o
+                torch.index_select(ws[o], 0, col.view(-1), out=g.view(-1))
+                picked.addcmul_(g, grad_y[:, o:o + 1])
+            g_silu = torch.ops.aten.silu_backward(grad_y @ base_weight, x)  # (batch, in)
+            grad_x = torch.addcmul(g_silu, _d_du(picked.view_as(col), powers, grid).view_as(x), grid.inv_h)
+        if any(need_w):
+            gw = spline_weight.new_empty(n_out, n_in, 1 + n_coeff)  # d loss / d fused weight, as _EagerKAN's
+            gw[..., 0] = grad_y.t() @ torch.ops.aten.silu.out(x, out=_SCRATCH.get("silu", x.shape, x.dtype, x.device))
+            src = _SCRATCH.get("src", col.shape, x.dtype, x.device).view(batch, -1)
+            for o in range(n_out):
+                acc = gw.new_zeros(n_in * n_coeff + 1)  # the last slot collects the sink's terms
+                acc.scatter_add_(0, col.view(-1), torch.mul(vals, grad_y[:, o:o + 1], out=src).view(-1))
+                gw[o, :, 1:] = acc[:-1].view(n_in, n_coeff)
+            grad_base, grad_spline, grad_scaler = _param_grads(gw, spline_weight, spline_scaler, need_w)
         return grad_x, grad_base, grad_spline, grad_scaler, None, None, None
 
 
@@ -660,4 +762,6 @@ def kan_linear(x: torch.Tensor, base_weight: torch.Tensor, spline_weight: torch.
             pass  # nothing of the compiled forward ran; the eager one computes the same function
     elif mode != "fast":
         raise ValueError(f"mode: unknown value {mode!r}; choose 'fast' or 'compiled'")
+    if spline_weight.shape[0] <= SMALL_OUT:
+        return _EagerSmallOutKAN.apply(*args)
     return _EagerKAN.apply(*args)
