@@ -75,6 +75,16 @@ def test_fast_matches_reference_values_and_gradients(grid_size, order):
     assert kernel_paths(fast) == ["fast"]
 
 
+@pytest.mark.parametrize("n_out", [1, 2])  # the eager kernel without features
+@pytest.mark.parametrize("order", [1, 2, 3])
+@pytest.mark.parametrize("grid_size", [3, 5, 11])
+def test_fast_small_output_layers_match_reference(grid_size, order, n_out):
+    ref, fast = _pair(6, n_out, grid_size, order)
+    x = _inputs(128, 6, torch.float32)
+    _assert_same(ref, fast, x, 1e-5, 1e-5, weight=torch.randn(128, n_out, generator=torch.Generator().manual_seed(3)))
+    assert kernel_paths(fast) == ["fast"]
+
+
 @pytest.mark.parametrize("impl", FAST_IMPLS)
 @pytest.mark.parametrize("order", [1, 2, 3])
 def test_fast_matches_reference_in_float64(order, impl, fresh_dynamo):
