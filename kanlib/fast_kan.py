@@ -12,7 +12,8 @@ Two modes, one code path each (:func:`kan_linear` picks):
 
 - ``"fast"``: eager PyTorch. Features ``(batch, in, 1 + C)`` from the k + 1 local values by one scatter
   (:func:`uniform_features`), one GEMM with the fused weight; backward gathers d loss / d x at the k + 1
-  nonzero bases.
+  nonzero bases. Layers of at most ``SMALL_OUT`` outputs gather their coefficients at those bases
+  instead and never build the features. Temporaries live in reused scratch buffers.
 - ``"compiled"``: the features and d/dx are written pointwise, coefficient-major ``(batch, 1 + C, in)``,
   by torch.compile'd kernels (no scatter, so inductor fuses them into one loop); layers with at most
   ``SMALL_OUT`` outputs never materialise the features. Where torch.compile cannot run (no C++ compiler,
@@ -51,7 +52,7 @@ from torch.autograd.function import once_differentiable
 
 from kanlib.bspline import local_bspline
 
-SMALL_OUT = 2  # layers with at most this many outputs use fused matrix-vector kernels when compiled
+SMALL_OUT = 2  # layers with at most this many outputs use matrix-vector kernels (fused when compiled)
 
 
 # -- the grid ------------------------------------------------------------------------------------
