@@ -241,12 +241,14 @@ def _flush_c_stdio() -> None:
 
 
 # -- the benchmark ------------------------------------------------------------------------------------
-def run_bench(cfg: BenchConfig) -> dict | None:
-    """Run the sweep on this rank (every rank calls it); rank 0 writes and returns the record."""
-    import torch
+def run_bench(cfg: BenchConfig, group=None) -> dict | None:
+    """Run the sweep on this rank (every rank calls it); rank 0 writes and returns the record.
+
+    ``group``: the processes of a worker group (kanlib.worker), whose process group the benchmark uses and
+    leaves as it is; without one it sets up its own and tears it down."""
+    import contextlib
 
     from kanlib import distributed, records
-    from kanlib.hooks import emulated_allreduce_s
 
     started_at = records.now_iso()
     run_dir = cfg.run_dir()
@@ -254,63 +256,73 @@ def run_bench(cfg: BenchConfig) -> dict | None:
     device_kind = distributed.resolve_device(cfg.device)
     nccl = distributed.resolve_backend(cfg.backend, device_kind) == "nccl" and "RANK" in os.environ
     debug_path = None
-    if nccl:  # before NCCL's first call: it reads these once
+    if nccl and group is None:  # before NCCL's first call: it reads these once
         env = nccl_debug_env(run_dir, rank)
         os.makedirs(run_dir, exist_ok=True)
         os.environ.update(env)
         debug_path = env["NCCL_DEBUG_FILE"]
-    info = distributed.setup(cfg)
-    try:
-        if info.is_main:
-            os.makedirs(run_dir, exist_ok=True)
-            records.atomic_write_json(os.path.join(run_dir, records.CONFIG_NAME), cfg.to_dict())
-        dtype = getattr(torch, cfg.dtype)
-        n = info.world_size
-        cycles_per_s = None
-        if cfg.emulated_link and info.device.type == "cuda":
-            from kanlib.hooks import _spin_cycles_per_s
+    elif nccl:  # a worker group set NCCL's debug file for the whole group (kanlib.worker)
+        debug_path = os.environ.get("NCCL_DEBUG_FILE")
+    with contextlib.nullcontext(group) if group is not None else distributed.own_group(cfg) as group:
+        return _bench(cfg, group, run_dir, debug_path, nccl, started_at)
 
-            cycles_per_s = _spin_cycles_per_s(info.device)
-        rows = []
-        for size in cfg.sizes():
-            count = size // _DTYPE_BYTES[cfg.dtype]
-            t = torch.zeros(count, dtype=dtype, device=info.device)  # zeros: sums never overflow
-            delay = float(emulated_allreduce_s(size, n, cfg.emulate_latency_s, cfg.emulate_bandwidth_bytes_per_s)) \
-                if cfg.emulated_link else 0.0
-            offset = _file_size(debug_path) if info.is_main and debug_path else 0
-            local = _time_allreduces(t, cfg, info, delay, cycles_per_s)  # (iters,) s on this rank
-            per_iter = distributed.all_gather(torch.tensor(local, dtype=torch.float64), info).max(dim=0).values
-            times = sorted(per_iter.tolist())
-            row = {"size_bytes": size, "count": count, "dtype": cfg.dtype, "n_iters": len(times),
-                   "time_s": _quantile(times, 0.5), "time_s_p10": _quantile(times, 0.1),
-                   "time_s_p90": _quantile(times, 0.9), "emulated_s": delay}
-            row["algbw_bytes_per_s"] = size / row["time_s"]
-            row["busbw_bytes_per_s"] = row["algbw_bytes_per_s"] * (2 * (n - 1) / n if n > 1 else 0.0)
-            row["nccl_algo_used"], row["nccl_proto_used"] = None, None
-            if info.is_main and debug_path:
-                _flush_c_stdio()
-                entries = parse_nccl_tuning(_read_from(debug_path, offset))
-                row["nccl_algo_used"], row["nccl_proto_used"] = nccl_choice(entries, size)
-            rows.append(row)
-        if not info.is_main:
-            distributed.barrier(info)  # wait for rank 0's record before tearing the group down
-            return None
-        note = None
-        if nccl and n == 1:
-            note = "world size 1: NCCL copies locally and logs no algorithm"
-        elif nccl and not any(r["nccl_algo_used"] for r in rows):
-            note = "NCCL logged no tuning choice (NCCL older than 2.20 does not print it at INFO level)"
-        prov = records.provenance()
-        rec = {**cfg.to_dict(), **dataclasses.asdict(prov), "record_kind": RECORD_KIND, "status": "ok",
-               "run_key": cfg.run_key(), "run_id": records.new_run_id(), "started_at": started_at,
-               "finished_at": records.now_iso(), "config_backend": cfg.backend, "config_device": cfg.device,
-               "backend": info.backend or "none", "device": info.device.type, "world_size": n,
-               "placement": cfg.placement, "nccl_debug_file": debug_path, "nccl_note": note, "rows": rows}
-        records.atomic_write_json(os.path.join(run_dir, records.RECORD_NAME), rec)
-        distributed.barrier(info)
-        return rec
-    finally:
-        distributed.teardown(info)
+
+def _bench(cfg: BenchConfig, group, run_dir: str, debug_path, nccl: bool, started_at: str) -> dict | None:
+    import torch
+
+    from kanlib import distributed, records
+    from kanlib.hooks import emulated_allreduce_s
+
+    info = group.info
+    if info.is_main:
+        os.makedirs(run_dir, exist_ok=True)
+        records.atomic_write_json(os.path.join(run_dir, records.CONFIG_NAME), cfg.to_dict())
+    dtype = getattr(torch, cfg.dtype)
+    n = info.world_size
+    cycles_per_s = None
+    if cfg.emulated_link and info.device.type == "cuda":
+        from kanlib.hooks import _spin_cycles_per_s
+
+        cycles_per_s = _spin_cycles_per_s(info.device)
+    rows = []
+    for size in cfg.sizes():
+        count = size // _DTYPE_BYTES[cfg.dtype]
+        t = torch.zeros(count, dtype=dtype, device=info.device)  # zeros: sums never overflow
+        delay = float(emulated_allreduce_s(size, n, cfg.emulate_latency_s, cfg.emulate_bandwidth_bytes_per_s)) \
+            if cfg.emulated_link else 0.0
+        offset = _file_size(debug_path) if info.is_main and debug_path else 0
+        local = _time_allreduces(t, cfg, info, delay, cycles_per_s)  # (iters,) s on this rank
+        per_iter = distributed.all_gather(torch.tensor(local, dtype=torch.float64), info).max(dim=0).values
+        times = sorted(per_iter.tolist())
+        row = {"size_bytes": size, "count": count, "dtype": cfg.dtype, "n_iters": len(times),
+               "time_s": _quantile(times, 0.5), "time_s_p10": _quantile(times, 0.1),
+               "time_s_p90": _quantile(times, 0.9), "emulated_s": delay}
+        row["algbw_bytes_per_s"] = size / row["time_s"]
+        row["busbw_bytes_per_s"] = row["algbw_bytes_per_s"] * (2 * (n - 1) / n if n > 1 else 0.0)
+        row["nccl_algo_used"], row["nccl_proto_used"] = None, None
+        if info.is_main and debug_path:
+            _flush_c_stdio()
+            entries = parse_nccl_tuning(_read_from(debug_path, offset))
+            row["nccl_algo_used"], row["nccl_proto_used"] = nccl_choice(entries, size)
+        rows.append(row)
+    if not info.is_main:
+        distributed.barrier(info)  # wait for rank 0's record before tearing the group down
+        return None
+    note = None
+    if nccl and n == 1:
+        note = "world size 1: NCCL copies locally and logs no algorithm"
+    elif nccl and not any(r["nccl_algo_used"] for r in rows):
+        note = "NCCL logged no tuning choice (NCCL older than 2.20 does not print it at INFO level)"
+    prov = records.provenance()
+    rec = {**cfg.to_dict(), **dataclasses.asdict(prov), "record_kind": RECORD_KIND, "status": "ok",
+           "run_key": cfg.run_key(), "run_id": records.new_run_id(), "started_at": started_at,
+           "finished_at": records.now_iso(), "config_backend": cfg.backend, "config_device": cfg.device,
+           "backend": info.backend or "none", "device": info.device.type, "world_size": n,
+           "placement": cfg.placement, "nccl_debug_file": debug_path, "nccl_note": note, "rows": rows,
+           "launch_id": group.launch_id, "runs_before_in_launch": group.runs_before}
+    records.atomic_write_json(os.path.join(run_dir, records.RECORD_NAME), rec)
+    distributed.barrier(info)
+    return rec
 
 
 def _time_allreduces(t, cfg: BenchConfig, info, delay: float, cycles_per_s: float | None) -> list[float]:

@@ -58,6 +58,20 @@ def parse_placement(text) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+# What the processes of a worker group share, so every run the group runs must agree on it (kanlib.worker): the
+# placement, the process group (backend, device, collective timeout, NCCL's settings, read once per communicator)
+# and each process's CPUs and threads.
+GROUP_FIELDS = ("nnodes", "nproc_per_node", "backend", "device", "threads", "cpu_affinity", "pg_timeout_s",
+                "nccl_algo", "nccl_proto")
+
+
+def group_key(cfg) -> tuple:
+    """Runs with equal keys can run one after another in one worker group: the config's kind, its study
+    folder and :data:`GROUP_FIELDS`."""
+    return (type(cfg).__name__, os.path.abspath(cfg.out_dir), cfg.study,
+            *(getattr(cfg, f) for f in GROUP_FIELDS))
+
+
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """A hash of the source of every kanlib module a run executes (12 hex digits).
@@ -494,4 +508,5 @@ def field_docs(cls=RunConfig) -> dict[str, str]:
     return docs
 
 
-__all__ = ["Config", "RunConfig", "ConfigError", "parse_placement", "field_docs", "code_version"]
+__all__ = ["Config", "RunConfig", "ConfigError", "parse_placement", "field_docs", "code_version", "GROUP_FIELDS",
+           "group_key"]

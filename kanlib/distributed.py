@@ -7,13 +7,14 @@ collective here moves its tensor to ``info.device`` first: an nccl group handles
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import os
 import signal
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -181,6 +182,53 @@ def teardown(info: DistInfo) -> None:
     """Destroy the process group if one was created."""
     if info.distributed and dist.is_initialized():
         dist.destroy_process_group()
+
+
+class StopRequest:
+    """Turns SIGTERM into a request to stop at the next step boundary (agreed by every rank)."""
+
+    def __init__(self):
+        self.requested = False
+        try:
+            self._prev = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread: leave signals alone
+            self._prev = None
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        if self._prev is not None:
+            signal.signal(signal.SIGTERM, self._prev)
+            self._prev = None
+
+
+@dataclass
+class Group:
+    """The processes that run one or more runs together: their process group (``info``), the SIGTERM
+    stop request they share, and which launch they are (kanlib.worker runs many runs per launch).
+
+    ``launch_id`` names the launch (empty for a run that set up its own processes); ``runs_before`` counts the
+    runs this launch ran before the current one (0 for the first), so the analysis can compare a group's
+    first run with later ones."""
+
+    info: DistInfo
+    stop: StopRequest
+    launch_id: str = ""
+    runs_before: int = 0
+    started_at: float = field(default=0.0)  # wall time (s since the epoch) the current run was handed over
+
+
+@contextlib.contextmanager
+def own_group(cfg):
+    """Set up the process group of one run and tear it down afterwards (a run not in a worker group)."""
+    info = setup(cfg)
+    stop = StopRequest()
+    try:
+        yield Group(info, stop)
+    finally:
+        stop.restore()
+        teardown(info)
 
 
 def synchronize(device: torch.device) -> None:

@@ -1,8 +1,11 @@
 """Fault injection for tests: make one rank fail in a chosen way at a chosen step.
 
 Off unless the environment variable ``KANLIB_FAULT`` is set. Its value is a comma-separated
-list of ``mode@rank:step`` items, for example ``KANLIB_FAULT=kill@1:12`` or
-``KANLIB_FAULT=nan@1:3,nan@0:7``. Modes:
+list of ``mode@rank:step[#text]`` items, for example ``KANLIB_FAULT=kill@1:12`` or
+``KANLIB_FAULT=nan@1:3,nan@0:7``. With ``#text`` the fault fires only in runs whose run key contains
+``text`` (a worker group runs many runs in one process: ``raise@0:3#-r1-`` fails the repeat 1 runs only).
+Step ``-1`` is before the run starts: a worker group (kanlib.worker) fires a ``kill`` or ``raise`` due
+there between the previous run and this one. Modes:
 
 - ``raise``     the rank raises ``InjectedFault`` at the start of that step.
 - ``kill``      the rank sends itself SIGKILL at the start of that step.
@@ -41,6 +44,7 @@ class Fault:
     mode: str
     rank: int
     step: int
+    run: str = ""  # fires only in runs whose key contains this ('' = every run)
 
 
 def parse(spec: str | None) -> list[Fault]:
@@ -51,11 +55,12 @@ def parse(spec: str | None) -> list[Fault]:
         if not item:
             continue
         try:
+            item, _, run = item.partition("#")
             mode, where = item.split("@", 1)
             rank, step = where.split(":", 1)
-            fault = Fault(mode.strip(), int(rank), int(step))
+            fault = Fault(mode.strip(), int(rank), int(step), run.strip())
         except ValueError:
-            raise ValueError(f"{ENV}: cannot read {item!r}; expected mode@rank:step, e.g. kill@1:12") from None
+            raise ValueError(f"{ENV}: cannot read {item!r}; expected mode@rank:step[#run], e.g. kill@1:12") from None
         if fault.mode not in MODES:
             raise ValueError(f"{ENV}: unknown mode {fault.mode!r} in {item!r}; choose one of {', '.join(MODES)}")
         out.append(fault)
@@ -67,14 +72,23 @@ def first_attempt() -> bool:
     return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
 
-def active() -> list[Fault]:
-    """The faults of this process's environment that may fire now (none after a restart)."""
-    return parse(os.environ.get(ENV)) if first_attempt() else []
+def active(run_key: str = "") -> list[Fault]:
+    """The faults of this process's environment that may fire now in the run ``run_key`` (none after a
+    restart)."""
+    if not first_attempt():
+        return []
+    return [f for f in parse(os.environ.get(ENV)) if f.run in run_key]
 
 
 def due(faults: list[Fault], mode: str, rank: int, step: int) -> bool:
     """Whether ``mode`` is scheduled for ``rank`` at ``step``."""
     return any(f.mode == mode and f.rank == rank and f.step == step for f in faults)
+
+
+def between_runs(faults: list[Fault], rank: int) -> None:
+    """Fire a ``kill`` or ``raise`` due at step -1: in a worker group, after the previous run and before this
+    one begins (as a launch that dies between two runs)."""
+    at_step_start(faults, rank, -1)
 
 
 def at_step_start(faults: list[Fault], rank: int, step: int) -> None:

@@ -127,9 +127,16 @@ class _LinkThread:
             self._free_at = due
             self._q.put((due, fut, value, on_delivered))
 
+    def close(self) -> None:
+        """End the thread once it has delivered what it holds (a worker group's next run makes its own)."""
+        self._q.put(None)
+
     def _run(self) -> None:
         while True:
-            due, fut, value, on_delivered = self._q.get()
+            item = self._q.get()
+            if item is None:
+                return
+            due, fut, value, on_delivered = item
             sleep_until(due)
             on_delivered()
             fut.set_result(value)
@@ -176,6 +183,12 @@ class CommStats:
     @property
     def world_size(self) -> int:
         return dist.get_world_size(self.process_group or dist.group.WORLD)
+
+    def close(self) -> None:
+        """Release the emulated link's thread (the run is over)."""
+        if self._link_thread is not None:
+            self._link_thread.close()
+            self._link_thread = None
 
     def end_step(self) -> tuple[float, float]:
         """``(in_flight_s, emulated_s)`` of the step: the union of its bucket communication intervals,

@@ -55,19 +55,47 @@ class PhaseClock:
         return out
 
 
+_CPU_PEAK_RESET = {"ok": False}  # whether this process's resident high-water mark was reset (per-run peak)
+
+
 def reset_peak_memory(device: torch.device) -> None:
-    """Start a new peak-memory window (CUDA only; CPU reports the process's peak RSS)."""
+    """Start a new peak-memory window: CUDA's allocator statistics; on CPU (Linux) the process's resident
+    high-water mark, by writing ``5`` to ``/proc/self/clear_refs`` (which resets ``VmHWM`` and ``ru_maxrss``),
+    so a process that runs many runs (a worker group) reports each run's own peak."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        _CPU_PEAK_RESET["ok"] = True
+    except OSError:  # not Linux, or not allowed: the peak stays the process's since it started
+        _CPU_PEAK_RESET["ok"] = False
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
-    """Peak memory and what it measures: CUDA max allocated since the last reset, or the process's
-    peak resident set on CPU (a high-water mark since the process started)."""
+    """Peak memory and what it measures: ``cuda_max_allocated`` (the allocator's peak since the last
+    reset), ``cpu_peak_rss`` (the process's peak resident set since the last reset, :func:`reset_peak_memory`)
+    or ``cpu_peak_rss_process`` (since the process started, where the reset is not possible)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
+    hwm = _vm_hwm_bytes()
+    if hwm is not None and _CPU_PEAK_RESET["ok"]:
+        return hwm, "cpu_peak_rss"
     rss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    return (rss if sys.platform == "darwin" else rss * 1024), "cpu_peak_rss"  # macOS: bytes; Linux: KiB
+    return (rss if sys.platform == "darwin" else rss * 1024), "cpu_peak_rss_process"  # macOS: bytes; Linux: KiB
+
+
+def _vm_hwm_bytes() -> int | None:
+    """``VmHWM`` of ``/proc/self/status`` in bytes (None where there is none)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def device_memory(device: torch.device) -> tuple[int | None, int | None]:

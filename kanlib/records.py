@@ -28,6 +28,7 @@ RECORD_NAME = "record.json"
 STEPS_NAME = "steps.csv"
 CONFIG_NAME = "config.json"
 MANIFEST_NAME = "manifest.jsonl"
+LAUNCHES_NAME = "launches.jsonl"
 PREEMPTED_NAME = "preempted.json"
 MODEL_NAME = "model.pt"
 ENV_PREFIXES = ("NCCL_", "TORCH_", "GLOO_", "OMP_", "MASTER_", "KANLIB_", "CUDA_VISIBLE_DEVICES")
@@ -300,11 +301,19 @@ class RunRecord:
         "median per-step delay the emulated link added, summed over buckets (s; only with emulation)"))
     compile_s: float = field(default=0.0, metadata=_doc("time this process spent compiling kernels (s, rank 0)"))
     time_to_first_step_s: float = field(default=math.nan, metadata=_doc(
-        "process start to the start of the first step: imports, rendezvous, data, model (s, rank 0)"))
+        "process start (for a later run of a worker group: the moment the run was handed over) to the start of "
+        "the first step: imports, rendezvous, data, model (s, rank 0)"))
+    launch_id: str = field(default="", metadata=_doc(
+        "the launch (worker group: one torchrun, N joined torchruns, or one srun step) that ran this attempt; "
+        "empty for a run started on its own (`python -m kanlib.train`)"))
+    runs_before_in_launch: int = field(default=0, metadata=_doc(
+        "runs that launch ran before this one (0: the launch's first run, which paid the process start-up)"))
     peak_mem_bytes: int = field(default=0, metadata=_doc("maximum over ranks of the peak memory of the measured "
                                                           "steps (see `peak_mem_kind`)"))
-    peak_mem_kind: str = field(default="", metadata=_doc("`cuda_max_allocated` (allocator peak after warm-up) or "
-                                                          "`cpu_peak_rss` (process peak resident set)"))
+    peak_mem_kind: str = field(default="", metadata=_doc(
+        "`cuda_max_allocated` (allocator peak after warm-up), `cpu_peak_rss` (the process's peak resident set "
+        "after warm-up: its high-water mark reset through `/proc/self/clear_refs`) or `cpu_peak_rss_process` "
+        "(since the process started, where that reset is not possible)"))
     peak_reserved_bytes: int | None = field(default=None, metadata=_doc(
         "CUDA: maximum over ranks of the allocator's peak reserved memory (null on CPU)"))
     device_used_bytes: int | None = field(default=None, metadata=_doc(
@@ -362,6 +371,30 @@ class ManifestRow:
     attempt_at: str = field(default="", metadata=_doc("when the attempt started (UTC, ISO 8601)"))
     duration_s: float = field(default=0.0, metadata=_doc("how long the attempt took (s)"))
     pid: int = field(default=0, metadata=_doc("process id of the runner that made the attempt"))
+    launch_id: str = field(default="", metadata=_doc("the launch (worker group) that ran the attempt; empty when "
+                                                     "it was refused before any launch"))
+
+
+@dataclass
+class LaunchRow:
+    """One launch of a worker group (one torchrun, N joined torchruns, or one srun step running a plan of
+    runs; kanlib.worker), appended to ``<study>/launches.jsonl`` by the runner when the launch ends."""
+
+    launch_id: str = field(metadata=_doc("which launch; the folder `<study>/launches/<launch_id>/` holds its plan, "
+                                         "events and logs"))
+    study: str = field(default="", metadata=_doc("the study of its runs"))
+    placement: str = field(default="1x1", metadata=_doc("nodes x processes per node"))
+    launcher: str = field(default="local", metadata=_doc("`local`, `multinode` or `slurm`"))
+    n_planned: int = field(default=0, metadata=_doc("runs handed to the launch"))
+    n_began: int = field(default=0, metadata=_doc("runs it began"))
+    n_ok: int = field(default=0, metadata=_doc("runs it ended ok"))
+    started_at: str = field(default="", metadata=_doc("when it started (UTC, ISO 8601)"))
+    duration_s: float = field(default=0.0, metadata=_doc("from its start to the end of its processes (s): start-up, "
+                                                         "every run, teardown"))
+    exit_code: int | None = field(default=None, metadata=_doc("the launch's exit code; null when the runner ended it "
+                                                              "(deadline, interruption)"))
+    logs: list = field(default_factory=list, metadata=_doc("its log files"))
+    status: str = field(default="ok", metadata=_doc("`ok` (the row is complete)"))
 
 
 MANIFEST_STATUSES = ("ok", "failed", "timeout", "preempted")
@@ -379,9 +412,15 @@ def append_manifest(path: str, row: ManifestRow | dict) -> None:
     lands whole). When the file ends in a line cut short by a crash, a newline is written first so the
     new row starts on its own line (the cut line stays unreadable and is skipped when loading).
     """
-    row = dataclasses.asdict(row) if isinstance(row, ManifestRow) else dict(row)
+    row = dataclasses.asdict(row) if dataclasses.is_dataclass(row) else dict(row)
     if row.get("status") not in MANIFEST_STATUSES:
         raise ValueError(f"status: unknown value {row.get('status')!r}; choose one of {', '.join(MANIFEST_STATUSES)}")
+    append_jsonl(path, row)
+
+
+def append_jsonl(path: str, row) -> None:
+    """Append ``row`` (a dict or dataclass) to ``path`` as one JSON line, as :func:`append_manifest` does."""
+    row = dataclasses.asdict(row) if dataclasses.is_dataclass(row) else dict(row)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     line = json.dumps(row, sort_keys=True, default=_json_default) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -402,6 +441,29 @@ def _write_all(fd: int, data: bytes) -> None:
     n = os.write(fd, data)
     if n != len(data):  # a full disk: say so rather than leave half a line
         raise OSError(f"wrote {n} of {len(data)} bytes (disk full?)")
+
+
+def append_event(path: str, event: dict) -> None:
+    """Append one event of a worker group (``events.jsonl``, kanlib.worker): one ``O_APPEND`` write, synced."""
+    append_jsonl(path, event)
+
+
+def read_events(path: str) -> list[dict]:
+    """The complete event lines of ``path`` in order (a missing file has none; a cut or garbled line is skipped)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in raw.split(b"\n"):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
 
 
 def read_manifest_rows(path: str) -> tuple[list[dict], list[tuple]]:
@@ -431,6 +493,11 @@ def new_run_id() -> str:
 
 def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def iso(t: float) -> str:
+    """A wall time (s since the epoch) as ISO 8601 UTC."""
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def atomic_write_json(path: str, obj) -> None:
@@ -590,6 +657,17 @@ def schema_markdown() -> str:
         "| field | type | meaning |",
         "|---|---|---|",
         *_rows(ManifestRow),
+        "",
+        f"## `<study>/{LAUNCHES_NAME}`",
+        "",
+        LaunchRow.__doc__.strip().replace("``", "`").replace("\n    ", " "),
+        "Each launch's folder `<study>/launches/<launch_id>/` holds `plan.json` (the runs handed to it, in order),",
+        "`events.jsonl` (rank 0's `begin` and `end` of each run) and its logs (`launch.log`, `launch-node<i>.log`,",
+        "`srun.log` or `slurm-<job>.log`); each run's part of them is copied into the run's own folder.",
+        "",
+        "| field | type | meaning |",
+        "|---|---|---|",
+        *_rows(LaunchRow),
         "",
     ]
     return "\n".join(lines)

@@ -83,36 +83,43 @@ class Run:
     params: list = field(default_factory=list)  # the model's parameters, listed once
     clock: PhaseClock | None = None
     autocast: object = None
+    group: distributed.Group | None = None
+    compile_before: float = 0.0  # seconds this process had spent compiling before the run (compile_s is the rest)
 
 
-def train(cfg: RunConfig) -> RunRecord | None:
-    """Run one training run; rank 0 returns the record (other ranks, and a preempted run, None)."""
+def train(cfg: RunConfig, group: distributed.Group | None = None) -> RunRecord | None:
+    """Run one training run; rank 0 returns the record (other ranks, and a preempted run, None).
+
+    ``group``: the processes of a worker group that runs many runs one after another (kanlib.worker): the
+    run uses its process group and stop request and leaves them as they are. Without one, the run sets up
+    its own process group and tears it down at the end."""
     if cfg.model == "kan" and cfg.kan_impl == "compiled":
         from kanlib.fast_kan import prepare_compile
 
         prepare_compile(distributed.resolve_device(cfg.device))  # overlaps inductor's set-up with the rendezvous
-    info = distributed.setup(cfg)
-    sigterm = _StopRequest()
-    try:
-        run = start_or_resume(cfg, info)
-        for step in range(run.start_step, cfg.steps):
-            row = train_step(run, step, sigterm)
-            reached = evaluate_and_check_target(run, row)
-            if checkpoint_or_stop(run, row):
-                return None  # preempted: checkpointed, every rank stops here
-            if reached:
-                break
-        return finish(run)
-    finally:
-        sigterm.restore()
-        distributed.teardown(info)
+    with contextlib.nullcontext(group) if group is not None else distributed.own_group(cfg) as group:
+        run = start_or_resume(cfg, group)
+        try:
+            for step in range(run.start_step, cfg.steps):
+                row = train_step(run, step, group.stop)
+                reached = evaluate_and_check_target(run, row)
+                if checkpoint_or_stop(run, row):
+                    return None  # preempted: checkpointed, every rank stops here
+                if reached:
+                    break
+            return finish(run)
+        finally:
+            release(run)
 
 
 # -- start ---------------------------------------------------------------------------------------------
-def start_or_resume(cfg: RunConfig, info: DistInfo) -> Run:
+def start_or_resume(cfg: RunConfig, group: distributed.Group) -> Run:
     """Prepare the run folder (rank 0), build data and model, wrap them for data parallelism, and restore
     the last committed checkpoint when there is one; every rank checks it resumes from the same step."""
+    info = group.info
     started_at = records.now_iso()
+    compile_before = compile_seconds()
+    reset_peak_memory(info.device)  # this run's peak, not an earlier run's of the same process
     run_dir = cfg.run_dir()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if info.is_main:
@@ -151,8 +158,9 @@ def start_or_resume(cfg: RunConfig, info: DistInfo) -> Run:
     autocast = (torch.autocast(info.device.type, dtype=torch.bfloat16) if cfg.precision == "bf16"
                 else contextlib.nullcontext())
     return Run(cfg, info, run_dir, model, module, optimizer, n_opt_states, data, comm, AsyncFlag(info), writer,
-               start_step, measure_from, attempt, started_at, faults=faults.active(), params=list(model.parameters()),
-               clock=PhaseClock(info.device), autocast=autocast)
+               start_step, measure_from, attempt, started_at, faults=faults.active(cfg.run_key()),
+               params=list(model.parameters()), clock=PhaseClock(info.device), autocast=autocast, group=group,
+               compile_before=compile_before)
 
 
 def wrap(model: torch.nn.Module, cfg: RunConfig, info: DistInfo):
@@ -207,7 +215,7 @@ def learning_rate(cfg: RunConfig, step: int) -> float:
 
 
 # -- one step ------------------------------------------------------------------------------------------
-def train_step(run: Run, step: int, sigterm: _StopRequest) -> StepRow:
+def train_step(run: Run, step: int, sigterm: distributed.StopRequest) -> StepRow:
     """Forward, backward (``grad_accum_steps`` micro-batches, gradients communicated on the last) and the
     optimizer update of ``step``, timed by phase; returns the step's row (rank 0 also writes it)."""
     cfg, info = run.cfg, run.info
@@ -497,7 +505,9 @@ def finish(run: Run) -> RunRecord | None:
         messages_per_bucket=list(run.comm.messages_per_bucket) if timed_comm else None,
         powersgd_stats=_powersgd_stats(run.comm),
         emulated_s=stats["emulated_s"]["median"] if cfg.emulated_link else None,
-        compile_s=compile_seconds(), time_to_first_step_s=run.first_step_at - _PROCESS_START,
+        compile_s=compile_seconds() - run.compile_before,
+        time_to_first_step_s=run.first_step_at - (run.group.started_at or _PROCESS_START),
+        launch_id=run.group.launch_id, runs_before_in_launch=run.group.runs_before,
         peak_mem_bytes=int(mem[0]), peak_mem_kind=peak_kind,
         peak_reserved_bytes=int(mem[1]) if reserved is not None else None,
         device_used_bytes=int(mem[2]) if used is not None else None,
@@ -508,6 +518,19 @@ def finish(run: Run) -> RunRecord | None:
     records.atomic_write_json(os.path.join(run.run_dir, records.RECORD_NAME), rec)
     checkpoint.remove_all(run.run_dir)  # complete: model.pt holds the final parameters
     return rec
+
+
+def release(run: Run) -> None:
+    """Free what the run holds beyond its objects (the emulated link's thread, cached device memory), so the
+    next run of a worker group starts from the same state as in a fresh process."""
+    if run.comm is not None:
+        run.comm.close()
+    if run.writer is not None:
+        run.writer.close()
+    run.module = run.model = run.optimizer = run.data = run.comm = None
+    run.params.clear()
+    if run.info.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _powersgd_stats(comm) -> dict | None:
@@ -623,24 +646,6 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: str) -> int | None:
     else:
         records.truncate_steps(steps_path, resume)
     return resume
-
-
-class _StopRequest:
-    """Turns SIGTERM into a request to stop at the next step boundary (agreed by every rank)."""
-
-    def __init__(self):
-        self.requested = False
-        try:
-            self._prev = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread: leave signals alone
-            self._prev = None
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
-
-    def restore(self) -> None:
-        if self._prev is not None:
-            signal.signal(signal.SIGTERM, self._prev)
 
 
 def main(argv: list[str] | None = None) -> int:

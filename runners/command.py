@@ -69,8 +69,12 @@ def check_environment(cfg: Config, launcher: str = "local") -> None:
 
 def torchrun_command(cfg: Config, *, python: str = sys.executable, standalone: bool = True,
                      rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
-                     max_restarts: int = 0, entry: list[str] | None = None) -> list[str]:
-    """The torchrun command line of one run (one torchrun per node).
+                     max_restarts: int = 0, entry: list[str] | None = None,
+                     program: list[str] | None = None) -> list[str]:
+    """The torchrun command line of one run, or of a worker group (one torchrun per node).
+
+    The workers run ``program`` (e.g. ``["-m", "kanlib.worker", "--plan=PATH"]``) when given, else
+    ``entry`` (default ``-m <type(cfg).ENTRY>``) with the config as ``--key=value`` arguments.
 
     ``standalone`` runs a single-node job with a private c10d rendezvous on the loopback address:
     ``rdzv_endpoint`` defaults to ``127.0.0.1:0`` (the store binds a port the OS picks, so a busy port
@@ -91,8 +95,13 @@ def torchrun_command(cfg: Config, *, python: str = sys.executable, standalone: b
         cmd += [f"--nnodes={cfg.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
                 f"--rdzv-id={rdzv_id}"]
     cmd += [f"--nproc-per-node={cfg.nproc_per_node}", f"--max-restarts={max_restarts}"]
-    cmd += (entry or ["-m", type(cfg).ENTRY]) + cfg.to_cli()
+    cmd += list(program) if program else (entry or ["-m", type(cfg).ENTRY]) + cfg.to_cli()
     return cmd
+
+
+def worker_program(plan_path: str) -> list[str]:
+    """What the processes of a worker group run: ``python -m kanlib.worker --plan=<plan>``."""
+    return ["-m", "kanlib.worker", f"--plan={plan_path}"]
 
 
 def compile_cache_dir(cfg: Config | None = None) -> str:
@@ -117,6 +126,9 @@ def launch_env(cfg: Config, launcher: str = "local", base: dict | None = None) -
     # Restarts under gloo fail to reconnect when workers share torchrun's rendezvous store
     # ("Gloo connectFullMesh failed"); a separate store per attempt works (docs/faults.md).
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # The runner holds each run folder's lock while the launch runs it (runners.supervisor.RunLock); a run
+    # started by hand takes it itself (kanlib.train.main).
+    env["KANLIB_RUNNER_LOCKS"] = "1"
     # How long torchrun waits for workers to checkpoint after SIGTERM before it kills them.
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_GRACE_S))
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache_dir(cfg))

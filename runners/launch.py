@@ -16,25 +16,31 @@ import os
 from kanlib import records
 from kanlib.config import ConfigError
 from runners.command import check_environment, launch_env, torchrun_command  # noqa: F401  (re-exported)
+from runners.group import new_plan
 from runners.supervisor import Job, RunFailed, read_record, supervise  # noqa: F401  (re-exported)
 
 LAUNCHERS = ("local", "multinode", "slurm")
 
 
-def make_job(cfg, launcher: str, launcher_opts: dict | None = None, max_restarts: int = 0) -> Job:
-    """The :class:`Job` that runs ``cfg`` with ``launcher`` (``launcher_opts`` are its settings)."""
-    opts = dict(launcher_opts or {})
+def make_job(cfg, launcher: str, launcher_opts: dict | None = None, max_restarts: int = 0,
+             plan: str | None = None) -> Job:
+    """The :class:`Job` that runs ``cfg`` with ``launcher`` (``launcher_opts`` are its settings); with ``plan``,
+    the worker group that runs that plan (kanlib.worker) at ``cfg``'s placement. ``slurm`` inside an allocation
+    (``SLURM_JOB_ID`` set) runs the group as a job step; outside, as a batch job of its own."""
+    opts = {k: v for k, v in (launcher_opts or {}).items() if k not in ("mode",)}
     if launcher == "slurm":
-        from runners.slurm import SlurmJob
+        from runners.slurm import SlurmJob, SrunJob, inside_allocation
 
-        return SlurmJob(cfg, **opts)
+        if inside_allocation():
+            return SrunJob(cfg, plan=plan, **{k: v for k, v in opts.items() if k in SrunJob.OPTIONS})
+        return SlurmJob(cfg, plan=plan, **opts)
     if launcher == "multinode":
         from runners.multinode import MultiNodeJob
 
-        return MultiNodeJob(cfg, **opts)
+        return MultiNodeJob(cfg, max_restarts=max_restarts, plan=plan, **opts)
     from runners.local import LocalJob
 
-    return LocalJob(cfg, max_restarts=max_restarts, **opts)
+    return LocalJob(cfg, max_restarts=max_restarts, plan=plan, **opts)
 
 
 def effective_launcher(cfg, launcher: str) -> str:
@@ -60,19 +66,21 @@ def run(cfg, *, launcher: str = "local", launcher_opts: dict | None = None, time
     if launcher == "slurm" and (launcher_opts or {}).get("dry_run"):
         from runners.slurm import run_slurm
 
-        opts = {k: v for k, v in launcher_opts.items() if k != "dry_run"}
+        opts = {k: v for k, v in launcher_opts.items() if k not in ("dry_run", "mode")}
         return run_slurm(cfg, dry_run=True, echo=echo, **opts)  # prints the script, submits nothing
     try:
         check_environment(cfg, launcher)
-        job = make_job(cfg, launcher, launcher_opts, max_restarts)
+        launch_id, plan = new_plan([cfg])
+        job = make_job(cfg, launcher, launcher_opts, max_restarts, plan=plan)
     except ConfigError as e:
-        _refused(cfg, launcher, f"ConfigError: {e}")
+        refused(cfg, launcher, f"ConfigError: {e}")
         raise
-    return supervise(cfg, job, timeout_s=timeout_s, echo=echo,
+    return supervise(cfg, job, timeout_s=timeout_s, echo=echo, launch_id=launch_id,
                      retries=port_retries if launcher == "local" else 0)
 
 
-def _refused(cfg, launcher: str, error: str) -> None:
+def refused(cfg, launcher: str, error: str) -> None:
+    """Record a config refused before any launch as a failed attempt of its run."""
     records.append_manifest(records.manifest_path(cfg.out_dir, cfg.study), records.ManifestRow(
         run_key=cfg.run_key(), study=cfg.study, world_size=cfg.world_size, placement=cfg.placement,
         launcher=launcher, run_dir=cfg.run_dir(), status="failed", error=error, attempt_at=records.now_iso(),

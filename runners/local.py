@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from runners.command import launch_env, torchrun_command
+from runners.command import launch_env, torchrun_command, worker_program
 from runners.supervisor import Job, end_process_tree
 
 _BUSY_PORT = re.compile(r"address already in use|EADDRINUSE", re.IGNORECASE)
@@ -31,6 +31,15 @@ _PRCTL = _resolve_prctl()
 _PR_SET_PDEATHSIG = 1
 
 
+def events_of(plan: str | None) -> str | None:
+    """The events file of the worker group whose plan is ``plan`` (kanlib.worker), or None."""
+    if not plan:
+        return None
+    from kanlib.worker import EVENTS_NAME
+
+    return os.path.join(os.path.dirname(plan), EVENTS_NAME)
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the launching process dies (Linux), so a killed sweep does not
     leave its run behind; the run then checkpoints and stops like a preemption."""
@@ -50,17 +59,25 @@ def start_torchrun(cmd: list[str], env: dict, log_path: str) -> subprocess.Popen
 
 
 class LocalJob(Job):
-    """One torchrun with ``nproc_per_node`` processes, rendezvous on 127.0.0.1 (a port the OS picks)."""
+    """One torchrun with ``nproc_per_node`` processes, rendezvous on 127.0.0.1 (a port the OS picks).
+
+    With ``plan`` (a worker group's plan file, kanlib.worker) the workers run every run of the plan and the
+    log, ``launch.log``, goes beside the plan; without, they run ``cfg`` alone, logging into its folder."""
 
     launcher = "local"
 
-    def __init__(self, cfg, *, max_restarts: int = 0, python: str = sys.executable):
-        self.cfg, self.max_restarts, self.python = cfg, max_restarts, python
-        self.log = os.path.join(cfg.run_dir(), "launch.log")
+    def __init__(self, cfg, *, max_restarts: int = 0, python: str = sys.executable, plan: str | None = None):
+        self.cfg, self.max_restarts, self.python, self.plan = cfg, max_restarts, python, plan
+        where = os.path.dirname(plan) if plan else cfg.run_dir()
+        self.log = os.path.join(where, "launch.log")
         self.proc: subprocess.Popen | None = None
 
+    def events_path(self) -> str | None:
+        return events_of(self.plan)
+
     def start(self) -> None:
-        cmd = torchrun_command(self.cfg, python=self.python, max_restarts=self.max_restarts)
+        cmd = torchrun_command(self.cfg, python=self.python, max_restarts=self.max_restarts,
+                               program=worker_program(self.plan) if self.plan else None)
         self.proc = start_torchrun(cmd, launch_env(self.cfg, "local"), self.log)
 
     def poll(self) -> int | None:

@@ -22,8 +22,8 @@ import socket
 import sys
 import uuid
 
-from runners.command import launch_env, torchrun_command, uses_cuda, visible_gpus
-from runners.local import start_torchrun
+from runners.command import launch_env, torchrun_command, uses_cuda, visible_gpus, worker_program
+from runners.local import events_of, start_torchrun
 from runners.supervisor import Job, end_process_tree
 
 
@@ -34,9 +34,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def node_command(cfg, *, rdzv_endpoint: str, rdzv_id: str, python: str = sys.executable) -> list[str]:
+def node_command(cfg, *, rdzv_endpoint: str, rdzv_id: str, python: str = sys.executable, max_restarts: int = 0,
+                 program: list[str] | None = None) -> list[str]:
     """The torchrun command each of the ``cfg.nnodes`` nodes runs (identical on every node)."""
-    return torchrun_command(cfg, python=python, standalone=False, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
+    return torchrun_command(cfg, python=python, standalone=False, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
+                            max_restarts=max_restarts, program=program)
 
 
 def node_devices(node: int, nproc_per_node: int, visible: str | None, n_gpus: int) -> str:
@@ -56,15 +58,21 @@ class MultiNodeJob(Job):
     launcher = "multinode"
 
     def __init__(self, cfg, *, rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
-                 python: str = sys.executable):
-        self.cfg, self.python = cfg, python
+                 python: str = sys.executable, max_restarts: int = 0, plan: str | None = None):
+        self.cfg, self.python, self.max_restarts, self.plan = cfg, python, max_restarts, plan
         self.endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"
         self.rdzv_id = rdzv_id or uuid.uuid4().hex[:12]
-        self.logs = [os.path.join(cfg.run_dir(), f"launch-node{i}.log") for i in range(cfg.nnodes)]
+        where = os.path.dirname(plan) if plan else cfg.run_dir()
+        self.logs = [os.path.join(where, f"launch-node{i}.log") for i in range(cfg.nnodes)]
         self.procs = []
 
+    def events_path(self) -> str | None:
+        return events_of(self.plan)
+
     def start(self) -> None:
-        cmd = node_command(self.cfg, rdzv_endpoint=self.endpoint, rdzv_id=self.rdzv_id, python=self.python)
+        self.procs = []
+        cmd = node_command(self.cfg, rdzv_endpoint=self.endpoint, rdzv_id=self.rdzv_id, python=self.python,
+                           max_restarts=self.max_restarts, program=worker_program(self.plan) if self.plan else None)
         base = launch_env(self.cfg, "multinode")
         gpus = visible_gpus() if uses_cuda(self.cfg) else 0
         for i, log in enumerate(self.logs):

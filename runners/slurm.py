@@ -17,13 +17,16 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
+import uuid
 
 from kanlib.config import ConfigError
-from runners.command import compile_cache_dir, torchrun_command
-from runners.supervisor import Job, RunFailed, supervise
+from runners.command import compile_cache_dir, launch_env, torchrun_command, worker_program
+from runners.local import events_of, start_torchrun
+from runners.supervisor import Job, RunFailed, end_process_tree, supervise
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm", "train.sbatch.tmpl")
 SCRIPT_NAME = "train.sbatch"
@@ -71,8 +74,9 @@ def free_port_on(node: str, python: str = sys.executable) -> int:
 
 def srun_command(cfg, *, python: str = sys.executable, rdzv_endpoint: str | None = None,
                  rdzv_id: str | None = None, cpus_per_task: int | None = None,
-                 srun_args: tuple[str, ...] | list[str] = ()) -> list[str]:
-    """``srun`` starting one torchrun per node of the current allocation, for ``cfg``.
+                 srun_args: tuple[str, ...] | list[str] = (), program: list[str] | None = None) -> list[str]:
+    """``srun`` starting one torchrun per node of the current allocation, for ``cfg`` (or, with ``program``,
+    for the worker group running a plan: kanlib.worker).
 
     ``rdzv_endpoint`` defaults to the head node's address and a port found free on it now, ``rdzv_id`` to
     ``$SLURM_JOB_ID`` (outside an allocation pass both). ``--cpus-per-task`` is passed explicitly (from Slurm
@@ -88,20 +92,43 @@ def srun_command(cfg, *, python: str = sys.executable, rdzv_endpoint: str | None
         if rdzv_endpoint is None:
             head = head_address()
             first = _scontrol(["show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]).split()[0]
-            rdzv_endpoint = f"{head}:{free_port_on(first, python)}"
-        rdzv_id = rdzv_id or job
+            port = free_port_here(head) or free_port_on(first, python)
+            rdzv_endpoint = f"{head}:{port}"
+        rdzv_id = rdzv_id or f"{job}-{uuid.uuid4().hex[:8]}"
     cpus = cpus_per_task or cfg.nproc_per_node * cfg.threads
     return (["srun", "--kill-on-bad-exit=1", f"--nodes={cfg.nnodes}", "--ntasks-per-node=1",
              f"--cpus-per-task={cpus}", *srun_args]
-            + torchrun_command(cfg, python=python, standalone=False, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id))
+            + torchrun_command(cfg, python=python, standalone=False, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
+                               program=program))
+
+
+def free_port_here(address: str) -> int | None:
+    """A port free now on ``address`` when that address belongs to this host (the sweep runs on the head node,
+    as a batch script does), else None."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+            return s.getsockname()[1]
+    except OSError:
+        return None
+
+
+def inside_allocation() -> bool:
+    """Whether this process runs inside a SLURM allocation (a batch job, or ``salloc``): worker groups then run
+    as its job steps instead of jobs of their own."""
+    return bool(os.environ.get("SLURM_JOB_ID"))
 
 
 def sbatch_script(cfg, *, partition: str | None = None, account: str | None = None,
                   gpus_per_node: int = 0, time_limit: str = "00:30:00",
                   modules: tuple[str, ...] | list[str] = (), env: dict | None = None,
                   python: str = sys.executable, job_name: str | None = None,
-                  cpus_per_task: int | None = None, sbatch_options: tuple[str, ...] | list[str] = ()) -> str:
-    """The sbatch script of one run of ``cfg`` (rendered from ``runners/slurm/train.sbatch.tmpl``).
+                  cpus_per_task: int | None = None, sbatch_options: tuple[str, ...] | list[str] = (),
+                  program: list[str] | None = None) -> str:
+    """The sbatch script of one run of ``cfg`` (rendered from ``runners/slurm/train.sbatch.tmpl``); with
+    ``program``, of the worker group running it (``python -m kanlib.worker --plan=...``).
 
     Site settings: ``partition``, ``account``, ``gpus_per_node`` (0: no ``--gpus-per-node``; refused with
     ``device='cuda'``), ``time_limit`` (``[D-]HH:MM:SS``), ``modules`` (each ``module load``-ed), ``env``
@@ -137,7 +164,8 @@ def sbatch_script(cfg, *, partition: str | None = None, account: str | None = No
                               f"spaces, quotes or shell characters)")
         options.append(str(o))
     cpus = int(cpus_per_task or cfg.nproc_per_node * cfg.threads)
-    srun = srun_command(cfg, python=python, rdzv_endpoint=_RDZV_ENDPOINT, rdzv_id=_RDZV_ID, cpus_per_task=cpus)
+    srun = srun_command(cfg, python=python, rdzv_endpoint=_RDZV_ENDPOINT, rdzv_id=_RDZV_ID, cpus_per_task=cpus,
+                        program=program)
     values = {
         "run_key": cfg.run_key(),
         "job_name": _site_value("job_name", job_name or f"kanlib-{cfg.study}-{cfg.placement}"),
@@ -165,10 +193,10 @@ class SlurmJob(Job):
 
     launcher = "slurm"
 
-    def __init__(self, cfg, *, sbatch_args=(), poll_s: float = 0.5, **script_opts):
-        self.cfg, self.sbatch_args, self.poll_s = cfg, list(sbatch_args), poll_s
-        self.script = sbatch_script(cfg, **script_opts)
-        self.run_dir = os.path.abspath(cfg.run_dir())
+    def __init__(self, cfg, *, sbatch_args=(), poll_s: float = 0.5, plan: str | None = None, **script_opts):
+        self.cfg, self.sbatch_args, self.poll_s, self.plan = cfg, list(sbatch_args), poll_s, plan
+        self.script = sbatch_script(cfg, program=worker_program(plan) if plan else None, **script_opts)
+        self.run_dir = os.path.dirname(plan) if plan else os.path.abspath(cfg.run_dir())
         self.script_path = os.path.join(self.run_dir, SCRIPT_NAME)
         self.job_id: str | None = None
         self.state = self.exit_code = None
@@ -230,6 +258,9 @@ class SlurmJob(Job):
     def log_paths(self) -> list[str]:
         return [os.path.join(self.run_dir, f"slurm-{self.job_id}.log")] if self.job_id else []
 
+    def events_path(self) -> str | None:
+        return events_of(self.plan)
+
     def describe(self) -> str:
         return f"SLURM job {self.job_id}" if self.job_id else "SLURM job"
 
@@ -241,6 +272,67 @@ class SlurmJob(Job):
         if self.state in (None, "COMPLETED"):
             return None, "completed but wrote no new record"
         return None, f"ended {self.state} with exit code {self.exit_code}"
+
+
+class SrunJob(Job):
+    """A worker group as one job step of the allocation this process runs in: ``srun`` starts one torchrun on
+    each of ``cfg.nnodes`` of the allocation's nodes, and the workers run the plan (kanlib.worker). The step is
+    named after its launch, and cancelled with ``scancel`` (srun's own exit would leave it to SLURM)."""
+
+    launcher = "slurm"
+    OPTIONS = ("cpus_per_task", "srun_args", "python", "env")
+
+    def __init__(self, cfg, *, plan: str, cpus_per_task: int | None = None, srun_args=(), python: str = sys.executable,
+                 env: dict | None = None):
+        self.cfg, self.plan, self.python = cfg, plan, python
+        self.cpus_per_task, self.env = cpus_per_task, dict(env or {})
+        self.name = "kanlib-" + os.path.basename(os.path.dirname(plan))
+        self.srun_args = [*srun_args, f"--job-name={_site_value('job_name', self.name)}"]
+        self.log = os.path.join(os.path.dirname(plan), "srun.log")
+        self.proc = None
+
+    def start(self) -> None:
+        cmd = srun_command(self.cfg, python=self.python, cpus_per_task=self.cpus_per_task, srun_args=self.srun_args,
+                           program=worker_program(self.plan))
+        env = launch_env(self.cfg, "slurm")
+        env.update({k: str(v) for k, v in self.env.items()})
+        self.proc = start_torchrun(cmd, env, self.log)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def cancel(self, grace_s: float) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        step = self._step_id()
+        if step:
+            subprocess.run(["scancel", "--signal=TERM", step], capture_output=True)
+        else:
+            self.proc.send_signal(signal.SIGTERM)  # srun passes it to the tasks
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            if step:
+                subprocess.run(["scancel", step], capture_output=True)
+            end_process_tree(self.proc, 5.0)
+
+    def _step_id(self) -> str | None:
+        out = subprocess.run(["squeue", "-h", "-s", "-j", os.environ.get("SLURM_JOB_ID", ""), "-o", "%i %j"],
+                             capture_output=True, text=True)
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1] == self.name:
+                return parts[0]
+        return None
+
+    def log_paths(self) -> list[str]:
+        return [self.log]
+
+    def events_path(self) -> str | None:
+        return events_of(self.plan)
+
+    def describe(self) -> str:
+        return f"SLURM step {self.name} of job {os.environ.get('SLURM_JOB_ID')}"
 
 
 def run_slurm(cfg, *, timeout_s: float | None = None, echo=None, dry_run: bool = False,

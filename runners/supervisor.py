@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 
 from kanlib import records
 
@@ -107,25 +108,35 @@ class RunLock:
             return "another process"
 
     def acquire(self, wait: bool = True, echo=None, poll_s: float = 0.5) -> bool:
-        """Take the lock; while another process holds it, wait (saying so once) or return False."""
+        """Take the lock; while another process holds it, wait (saying once who holds it, on ``echo`` or else
+        stderr, so a sweep that streams nothing still says why it waits) or return False.
+
+        A failure after the lock was taken (writing who holds it on a full disk) releases it again before
+        raising: a process never keeps a lock it does not know it has."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         said = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not wait:
-                    os.close(fd)
-                    return False
-                if not said and echo:
-                    echo.write(f"kanlib: {os.path.dirname(self.path)} is being run by {self.holder()}; waiting\n")
-                    said = True
-                time.sleep(poll_s)
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "since": records.now_iso()}).encode())
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not wait:
+                        os.close(fd)
+                        return False
+                    if not said:
+                        (echo or sys.stderr).write(f"kanlib: {os.path.dirname(self.path)} is being run by "
+                                                   f"{self.holder()}; waiting\n")
+                        said = True
+                    time.sleep(poll_s)
+            os.ftruncate(fd, 0)
+            data = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": records.now_iso()}).encode()
+            if os.pwrite(fd, data, 0) != len(data):
+                raise OSError(f"{self.path}: short write (disk full?)")
+        except BaseException:
+            os.close(fd)  # closing the descriptor drops the flock
+            raise
         self._fd = fd
         return True
 
@@ -174,11 +185,12 @@ class LogFollower:
                 if self.echo:
                     self.echo.write(self.prefixes[i] + line)
 
-    def attempt_text(self, until: str | None = None) -> str:
+    def attempt_text(self, until: str | None = None, index: int | None = None) -> str:
         """Everything the logs gained during this attempt (for the root-cause search); with ``until``,
-        each log's text up to that line only."""
+        each log's text up to that line only; with ``index``, that log's alone."""
         parts = []
-        for path, start in zip(self.paths, self.start):
+        pairs = list(zip(self.paths, self.start))
+        for path, start in pairs if index is None else pairs[index:index + 1]:
             try:
                 with open(path, "rb") as f:
                     f.seek(start)
@@ -202,24 +214,37 @@ _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+
 _IGNORED = ("ChildFailedError", "SignalException")
 
 
+# Errors a rank raises because another rank went away first: never the root cause when a rank has raised something
+# else (torchrun names the rank that exited first, which is often the peer that noticed, not the one that failed).
+_CONSEQUENCE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|pair closure|"
+                          r"remote process exited|communicator was aborted|Socket Timeout|NCCL.*(?:abort|Abort)|"
+                          r"DistNetworkError|DistBackendError", re.IGNORECASE)
+
+
 def error_line(log: str) -> str:
     """The most telling error of a run's log: the last ``SomeError: ...`` line of the rank torchrun names
-    as the root cause, else that rank's exit code or fatal signal, else the first error line, else ''."""
+    as the root cause (unless that error only says a peer went away and another rank raised something else),
+    else that rank's exit code or fatal signal, else the first error line, else ''."""
     lines: list[tuple[str | None, str]] = []
     for line in log.splitlines():
         m = _ERROR_LINE.match(line.strip())
         if m and not any(s in m.group(2) for s in _IGNORED):
             lines.append((m.group(1), m.group(2)))
+    primary = [text for _, text in lines if not _CONSEQUENCE.search(text)]
     root = _ROOT_CAUSE.search(log)
     if root:
         mine = [text for rank, text in lines if rank == root.group(1)]
-        if mine:
+        if mine and (not _CONSEQUENCE.search(mine[-1]) or not primary):
             return mine[-1][:500]
+        if primary:
+            return primary[0][:500]
         code = int(root.group(2))
         if code < 0:
             return f"rank {root.group(1)} was killed by {_signal_name(-code)}"
         if not lines:
             return f"rank {root.group(1)} exited with code {code}"
+    if primary:
+        return primary[0][:500]
     return lines[0][1][:500] if lines else ""
 
 
@@ -242,130 +267,310 @@ def read_record(cfg) -> dict | None:
         return None
 
 
-def supervise(cfg, job: Job, *, timeout_s: float | None = None, echo=None, retries: int = 0,
-              kill_grace_s: float = 20.0, lock_wait: bool = True) -> dict:
-    """Run ``job`` (a run of ``cfg``) to its end and return its fresh record, or raise :class:`RunFailed`.
+@dataclass
+class Outcome:
+    """How one run of a launch ended: ``status`` ok, failed, timeout or preempted, its fresh ``record`` (ok),
+    the root-cause ``error``, the launch's ``exit_code`` and the run's log ``tail``."""
 
-    Takes the run folder's lock first (waiting while another process holds it); when the run was
-    completed by that other process meanwhile, returns its record without running it again. Appends one
-    manifest row per attempt. ``retries``: relaunch at once when ``job.retry`` says so (same row).
+    cfg: object
+    status: str
+    record: dict | None = None
+    error: str = ""
+    exit_code: int | None = None
+    tail: str = ""
+    message: str = ""
+
+    def failure(self) -> RunFailed:
+        """This outcome as the exception :func:`supervise` raises."""
+        exc = RunFailed(self.message or self.error, returncode=self.exit_code, log_tail=self.tail,
+                        run_dir=self.cfg.run_dir(), status=self.status, error=self.error)
+        exc.job_id = getattr(self, "job_id", None)
+        return exc
+
+
+def supervise(cfg, job: Job, *, timeout_s: float | None = None, echo=None, retries: int = 0,
+              kill_grace_s: float = 20.0, lock_wait: bool = True, launch_id: str = "") -> dict:
+    """Run ``job`` (a launch of the one run ``cfg``) to its end and return its fresh record, or raise
+    :class:`RunFailed`.
+
+    Takes the run folder's lock first (waiting, and saying who holds it, while another process does); when
+    the run was completed by that other process meanwhile, returns its record without running it again.
+    Appends one manifest row per attempt. ``retries``: relaunch at once when ``job.retry`` says so (same row).
     """
-    echo = sys.stdout if echo is None else echo
-    run_dir = cfg.run_dir()
-    os.makedirs(run_dir, exist_ok=True)
-    lock = RunLock(run_dir)
+    lock = RunLock(cfg.run_dir())
     before = read_record(cfg)
-    if not lock.acquire(wait=lock_wait, echo=echo):
-        raise RunFailed(f"run {cfg.run_key()} is being run by {lock.holder()}", run_dir=run_dir,
+    if not lock.acquire(wait=lock_wait, echo=echo or None):
+        raise RunFailed(f"run {cfg.run_key()} is being run by {lock.holder()}", run_dir=cfg.run_dir(),
                         error=f"held by {lock.holder()}")
     try:
         now = read_record(cfg)
         if now is not None and (before is None or now.get("run_id") != before.get("run_id")):
             return now  # completed by the process we waited for: each run executes once
-        return _attempt(cfg, job, now, timeout_s, echo, retries, kill_grace_s)
+        [out] = Launch([cfg], job, timeout_s=timeout_s, echo=echo, kill_grace_s=kill_grace_s,
+                       launch_id=launch_id).watch(retries)
+        if out.status != "ok":
+            raise out.failure()
+        return out.record
     finally:
         lock.release()
 
 
-def _attempt(cfg, job: Job, before, timeout_s, echo, retries, kill_grace_s) -> dict:
-    manifest = records.manifest_path(cfg.out_dir, cfg.study)
-    started = time.time()
-    row = records.ManifestRow(run_key=cfg.run_key(), study=cfg.study, world_size=cfg.world_size,
-                              placement=cfg.placement, launcher=job.launcher, run_dir=cfg.run_dir(),
-                              attempt_at=records.now_iso(), pid=os.getpid())
+class Launch:
+    """One launch (worker group) running ``configs`` in order, watched to its end: the events the group's rank 0
+    appends (kanlib.worker: which run began and ended), the logs, each run's deadline, and the outcome of every
+    run that began. Runs it never began are left out of :meth:`watch`'s result (the caller relaunches them).
 
-    def note(status: str, code, error: str) -> None:
-        row.status, row.exit_code, row.error = status, code, error
-        row.duration_s = round(time.time() - started, 3)
-        records.append_manifest(manifest, row)
+    ``job``'s ``events_path()`` (optional) is the group's events file; a job without one runs its configs with
+    no events (one run: :func:`supervise`). The first run's deadline counts from the launch's start (start-up
+    included), every later run's from its ``begin`` event. Every ended run gets one manifest row, its slice of
+    the launch log in its own folder, and ``on_end(cfg)`` (the caller releases its lock)."""
 
-    marker = os.path.join(cfg.run_dir(), records.PREEMPTED_NAME)
-    for attempt in range(retries + 1):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(marker)
-        logs = job.log_paths()
-        follow = LogFollower(logs, echo, [job.log_prefix(i) for i in range(len(logs))])
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        timed_out = False
+    def __init__(self, configs: list, job: Job, *, timeout_s: float | None = None, echo=None,
+                 kill_grace_s: float = 20.0, on_end=None, launch_id: str = ""):
+        self.configs, self.job, self.timeout_s = list(configs), job, timeout_s
+        self.echo = sys.stdout if echo is None else echo
+        self.kill_grace_s, self.on_end, self.launch_id = kill_grace_s, on_end, launch_id
+        self.by_key = {c.run_key(): c for c in self.configs}
+        self.before = {k: read_record(c) for k, c in self.by_key.items()}
+        self.began: dict[str, float] = {}  # run key -> monotonic time its begin event was seen
+        self.ended: dict[str, Outcome] = {}
+        self.n_events = 0
+        self.started = self.started_wall = 0.0
+        self.follow: LogFollower | None = None
+
+    # -- the run in flight ------------------------------------------------------------------------------
+    def in_flight(self):
+        """The run that began and has not ended, else the first that has not ended (it is starting)."""
+        for key in reversed(list(self.began)):
+            if key not in self.ended:
+                return self.by_key[key]
+        return next((c for c in self.configs if c.run_key() not in self.ended), None)
+
+    def _deadline_passed(self) -> bool:
+        cfg = self.in_flight()
+        if self.timeout_s is None or cfg is None:
+            return False
+        since = self.began.get(cfg.run_key(), self.started)
+        return time.monotonic() - since > self.timeout_s
+
+    def _events(self) -> None:
+        path = getattr(self.job, "events_path", lambda: None)()
+        if not path:
+            return
+        evs = records.read_events(path)
+        for e in evs[self.n_events:]:
+            key = e.get("run_key")
+            if key not in self.by_key:
+                continue
+            if e.get("event") == "begin":
+                self.began[key] = time.monotonic()
+            elif e.get("event") == "end" and key not in self.ended:
+                self._end(self.by_key[key], None, e.get("status", "ok"))
+        self.n_events = len(evs)
+
+    # -- watching ---------------------------------------------------------------------------------------
+    def watch(self, retries: int = 0) -> list[Outcome]:
+        """Start the job and follow it to its end; the outcomes of the runs that began, in order. ``retries``:
+        relaunch at once when nothing began and ``job.retry`` says so (a port taken meanwhile)."""
+        for cfg in self.configs:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(cfg.run_dir(), records.PREEMPTED_NAME))
+        self.started, self.started_wall = time.monotonic(), time.time()
+        self.last_end = self.started
         try:
-            try:
-                job.start()
-            except RunFailed as e:  # refused before anything ran (e.g. sbatch said no)
-                note("failed", e.returncode, e.error or str(e).splitlines()[0])
-                raise
-            if job.log_paths() != logs:  # some launchers know their logs only once started (SLURM)
-                logs = job.log_paths()
-                follow.set_paths(logs, [job.log_prefix(i) for i in range(len(logs))])
-            while True:
-                follow.pump()
-                code = job.poll()
-                if code is not None:
-                    break
-                if deadline is not None and time.monotonic() > deadline:
-                    timed_out = True
-                    _append_log(follow.paths, f"{DEADLINE_MARK} of {timeout_s} s passed; ending the run\n",
-                                every=True)
-                    job.cancel(kill_grace_s)
-                    code = None  # no exit code of its own: the runner ended it
-                    break
-                time.sleep(POLL_S)
+            for attempt in range(retries + 1):
+                code, timed_out = self._run_job()
+                if attempt < retries and not timed_out and self._may_retry():
+                    _append_log(self.follow.paths, "kanlib: a port was taken (address already in use); relaunching\n")
+                    continue
+                break
         except RunFailed:
+            self._log_launch(None)
             raise
         except BaseException as e:  # Ctrl-C, SIGTERM to the sweep, or a bug: never leave the run behind
-            job.cancel(kill_grace_s)
-            follow.pump(final=True)
-            rec = read_record(cfg)
-            if _fresh(rec, before):
-                note("ok", 0, "")
-            elif os.path.exists(marker):
-                note("preempted", None, f"the runner was interrupted ({type(e).__name__}); the run checkpointed "
-                                        f"and stopped")
-            else:
-                note("failed", None, f"the runner was interrupted ({type(e).__name__}: {e}); the run stopped "
-                                     f"without a checkpoint")
+            self.job.cancel(self.kill_grace_s)
+            self._settle(None, interrupted=e)
+            self._log_launch(None)
             raise
-        follow.pump(final=True)
+        self._settle(code, timed_out=timed_out)
+        self._log_launch(code)
+        return [self.ended[c.run_key()] for c in self.configs if c.run_key() in self.ended]
+
+    def _run_job(self) -> tuple[int | None, bool]:
+        """Start the job, follow logs and events until it ends or the run in flight passes its deadline."""
+        logs = self.job.log_paths()
+        self.follow = LogFollower(logs, self.echo, [self.job.log_prefix(i) for i in range(len(logs))])
+        try:
+            self.job.start()
+        except RunFailed as e:  # refused before anything ran (e.g. sbatch said no)
+            self._end(self.configs[0], e.returncode, "failed", error=e.error or str(e).splitlines()[0])
+            raise
+        if self.job.log_paths() != logs:  # some launchers know their logs only once started (SLURM)
+            logs = self.job.log_paths()
+            self.follow.set_paths(logs, [self.job.log_prefix(i) for i in range(len(logs))])
+        while True:
+            self.follow.pump()
+            self._events()
+            code = self.job.poll()
+            if code is not None:
+                return code, False
+            if self._deadline_passed():
+                _append_log(self.follow.paths, f"{DEADLINE_MARK} of {self.timeout_s} s passed; ending the run\n",
+                            every=True)
+                self.job.cancel(self.kill_grace_s)
+                return None, True  # no exit code of its own: the runner ended it
+            time.sleep(POLL_S)
+
+    def _may_retry(self) -> bool:
+        first = self.configs[0]
+        if self.began or self.ended or self._fresh(first, read_record(first)):
+            return False
+        if os.path.exists(os.path.join(first.run_dir(), records.PREEMPTED_NAME)):
+            return False
+        self.follow.pump(final=True)
+        return self.job.retry(self.follow.attempt_text())
+
+    def _settle(self, code, timed_out: bool = False, interrupted: BaseException | None = None) -> None:
+        """The job has ended (or was ended): give the run in flight its outcome."""
+        self.follow.pump(final=True)
+        self._events()
+        cfg = self.in_flight()
+        if cfg is None:
+            return
+        began = cfg.run_key() in self.began
+        if not began and (interrupted is None and not timed_out) and self.ended:
+            return  # the launch ended between two runs: the rest go to a fresh launch
+        rec, marker = read_record(cfg), os.path.exists(os.path.join(cfg.run_dir(), records.PREEMPTED_NAME))
+        if interrupted is not None:
+            if self._fresh(cfg, rec):
+                self._end(cfg, 0, "ok")
+            elif marker:
+                self._end(cfg, None, "preempted", error=f"the runner was interrupted ({type(interrupted).__name__}); "
+                                                         f"the run checkpointed and stopped")
+            else:
+                self._end(cfg, None, "failed", error=f"the runner was interrupted ({type(interrupted).__name__}: "
+                                                      f"{interrupted}); the run stopped without a checkpoint")
+            return
+        if not timed_out and self._fresh(cfg, rec):
+            self._end(cfg, code, "ok")
+            return
+        self._end(cfg, code, self._verdict(cfg, code, timed_out, marker))
+
+    def _verdict(self, cfg, code, timed_out: bool, marker: bool) -> str:
+        status, _ = self.job.outcome(code)
+        if timed_out:
+            return "timeout"
+        if status == "timeout":
+            return "timeout"
+        if marker or status == "preempted":
+            return "preempted"
+        return "failed"
+
+    def _fresh(self, cfg, rec) -> bool:
+        before = self.before.get(cfg.run_key())
+        return rec is not None and (before is None or rec.get("run_id") != before.get("run_id"))
+
+    # -- one run's end ----------------------------------------------------------------------------------
+    def _end(self, cfg, code, status: str, error: str = "") -> None:
+        """Record the outcome of ``cfg``: manifest row, its log slice, ``on_end``."""
+        key = cfg.run_key()
         rec = read_record(cfg)
-        if not timed_out and code == 0 and _fresh(rec, before):
-            note("ok", 0, "")
-            return rec
-        text = follow.attempt_text()
-        if not timed_out and attempt < retries and not os.path.exists(marker) and job.retry(text):
-            _append_log(follow.paths, "kanlib: a port was taken (address already in use); relaunching\n")
-            continue
-        break
-    status, why = job.outcome(code)
-    if timed_out:  # what the ranks print while being ended is a consequence, not the cause
-        text = follow.attempt_text(until=DEADLINE_MARK)
-    err = error_line(text)
-    if timed_out:
-        status, why = "timeout", f"passed its deadline of {timeout_s} s"
-    elif status == "timeout":
-        pass
-    elif os.path.exists(marker) or status == "preempted":
-        status, why = "preempted", why or f"was preempted (SIGTERM; checkpoint saved, exit code {code})"
-    elif code == 0:
-        status, why = "failed", why or "exited 0 but wrote no new record"
-    else:
-        status = "failed"
-        why = why or (f"was killed by {_signal_name(-code)}" if code is not None and code < 0
-                      else f"exited with code {code}")
-    error = err or why
-    summary = error if status == "failed" else (f"{why}; {err}" if err else why)
-    note(status, code, summary)
-    where = job.describe()
-    tail = "".join(follow.tail)
-    exc = RunFailed(f"{where + ' ' if where else ''}(run {cfg.run_key()}, {cfg.nnodes} nodes x {cfg.nproc_per_node}) "
-                    f"{why}{'; first error: ' + err if err and err != why else ''}; log: {', '.join(follow.paths)}"
-                    f"\n--- last lines ---\n{tail}",
-                    returncode=None if timed_out else code, log_tail=tail, run_dir=cfg.run_dir(),
-                    status=status, error=summary)
-    exc.job_id = getattr(job, "job_id", None)
-    raise exc
+        text = self._run_text(cfg)
+        if status == "ok" and not self._fresh(cfg, rec):
+            status = "failed"
+            error = error or ("exited 0 but wrote no new record" if code == 0 else "ended without a new record")
+        out = Outcome(cfg, status, rec if status == "ok" else None, exit_code=code)
+        if status != "ok":
+            out.error, out.message = self._explain(cfg, code, status, error, text)
+        out.tail = "".join(text.splitlines(keepends=True)[-LOG_TAIL_LINES:])
+        out.job_id = getattr(self.job, "job_id", None)
+        self.ended[key] = out
+        since = self.began.get(key, self.last_end)
+        self.last_end = time.monotonic()
+        records.append_manifest(records.manifest_path(cfg.out_dir, cfg.study), records.ManifestRow(
+            run_key=key, study=cfg.study, world_size=cfg.world_size, placement=cfg.placement,
+            launcher=self.job.launcher, run_dir=cfg.run_dir(), status=status,
+            exit_code=0 if status == "ok" else (None if status == "timeout" else code), error=out.error if status != "ok" else "", attempt_at=records.now_iso(),
+            duration_s=round(time.monotonic() - since, 3), pid=os.getpid(), launch_id=self.launch_id))
+        self._copy_log(cfg, text)
+        if self.on_end is not None:
+            self.on_end(cfg)
+
+    def _explain(self, cfg, code, status: str, error: str, text: str) -> tuple[str, str]:
+        """(root cause for the manifest, message for RunFailed) of a run that did not end ok."""
+        _, why = self.job.outcome(code)
+        if status == "timeout":
+            text = text.split(DEADLINE_MARK, 1)[0]  # what the ranks print while being ended is a consequence
+            why = why if why and "time limit" in why else f"passed its deadline of {self.timeout_s} s"
+        elif status == "preempted":
+            why = why or f"was preempted (SIGTERM; checkpoint saved, exit code {code})"
+        elif code == 0:
+            why = why or "exited 0 but wrote no new record"
+        else:
+            why = why or (f"was killed by {_signal_name(-code)}" if code is not None and code < 0
+                          else f"exited with code {code}")
+        err = error_line(text)
+        if error:
+            return error, error
+        summary = (err or why) if status == "failed" else (f"{why}; {err}" if err else why)
+        where = self.job.describe()
+        tail = "".join(text.splitlines(keepends=True)[-LOG_TAIL_LINES:])
+        msg = (f"{where + ' ' if where else ''}(run {cfg.run_key()}, {cfg.nnodes} nodes x {cfg.nproc_per_node}) "
+               f"{why}{'; first error: ' + err if err and err != why else ''}; log: {', '.join(self.follow.paths)}"
+               f"\n--- last lines ---\n{tail}")
+        return summary, msg
+
+    def _run_texts(self, cfg) -> list[tuple[str, str]]:
+        """``(log path, this run's part of it)`` for every log of the launch: from the run's begin line (the
+        launch's first run: from the log's start) through its end line, or to the end of the log."""
+        first = cfg is self.configs[0]
+        return [(path, slice_run(self.follow.attempt_text(index=i), cfg.run_key(), first))
+                for i, path in enumerate(self.follow.paths)]
+
+    def _run_text(self, cfg) -> str:
+        """This run's part of all the launch's logs (for the root cause and the tail)."""
+        return "\n".join(text for _, text in self._run_texts(cfg) if text)
+
+    def _copy_log(self, cfg, text: str) -> None:
+        """Append the run's part of each launch log to the log of the same name in its own folder (unless the
+        job logs into that folder itself)."""
+        run_dir = os.path.abspath(cfg.run_dir())
+        if any(os.path.dirname(os.path.abspath(p)) == run_dir for p in self.follow.paths):
+            return
+        os.makedirs(run_dir, exist_ok=True)
+        for path, part in self._run_texts(cfg):
+            if not part:
+                continue
+            with open(os.path.join(run_dir, os.path.basename(path)), "a") as f:
+                f.write(f"# launch {self.launch_id}: {path}\n")
+                f.write(part if part.endswith("\n") else part + "\n")
+
+    def _log_launch(self, code) -> None:
+        """One line per launch in ``<study>/launches.jsonl`` (kanlib.records.LaunchRow)."""
+        if not self.launch_id:
+            return
+        cfg = self.configs[0]
+        path = os.path.join(cfg.out_dir, cfg.study, records.LAUNCHES_NAME)
+        records.append_jsonl(path, records.LaunchRow(
+            launch_id=self.launch_id, study=cfg.study, placement=cfg.placement, launcher=self.job.launcher,
+            n_planned=len(self.configs), n_began=len(self.began), n_ok=sum(o.status == "ok" for o in self.ended.values()),
+            started_at=records.iso(self.started_wall), duration_s=round(time.monotonic() - self.started, 3),
+            exit_code=code, logs=list(self.follow.paths) if self.follow else []))
 
 
-def _fresh(rec, before) -> bool:
-    return rec is not None and (before is None or rec.get("run_id") != before.get("run_id"))
+def slice_run(text: str, key: str, first: bool) -> str:
+    """The part of a launch log that belongs to run ``key``: from its begin line (or the log's start, for the
+    launch's first run) through its end line (or the log's end)."""
+    from kanlib.worker import BEGIN_MARK, END_MARK
+
+    begin, end = BEGIN_MARK.format(key=key), END_MARK.format(key=key)
+    i = text.rfind(begin)
+    if i < 0:
+        return text if first else ""
+    start = 0 if first else text.rfind("\n", 0, i) + 1
+    j = text.find(end, i)
+    stop = len(text) if j < 0 else text.find("\n", j) + 1 or len(text)
+    return text[start:stop]
 
 
 def _append_log(paths: list[str], text: str, every: bool = False) -> None:

@@ -1,12 +1,23 @@
-"""Run a list of configs one after another, with progress, and collect their records.
+"""Run a list of configs with as few launches as faults allow, with progress, and collect their records.
 
-A sweep is resumable: a run whose ``record.json`` is a valid ``ok`` record is skipped (it is not run
-again and gets no new manifest row); any other run is launched, and resumes from its last committed
-checkpoint when it has one. A failing run is recorded in the study's manifest (by
-:func:`runners.launch.run`) and the sweep carries on; the failures are reported at the end. Killing the
-sweep and starting it again completes only what is missing (a run in flight when the sweep dies gets
-SIGTERM and checkpoints). Two sweeps over the same folder never run one run twice: the run-folder lock
-(runners/supervisor.py) makes the second wait, then skip what the first completed.
+A sweep orders its runs by **rounds**: repeat ``r`` of every point runs before repeat ``r + 1`` of any, so slow
+drift and background load fall on every point alike. Within a round, the runs that can share processes
+(:func:`kanlib.config.group_key`: one placement, backend, device, threads, ...) go to **one worker group**
+(runners/group.py, kanlib.worker): one launch runs them one after another. A run that fails ends its launch
+and a fresh one carries on with the next.
+
+A sweep is resumable: a run whose ``record.json`` is a valid ``ok`` record is skipped (it is not run again
+and gets no new manifest row); any other run is launched, and resumes from its last committed checkpoint
+when it has one. A failing run is recorded in the study's manifest and the sweep carries on; the failures are
+reported at the end. Killing the sweep and starting it again completes only what is missing (a run in flight
+when the sweep dies gets SIGTERM and checkpoints). Two sweeps over the same folder never run one run twice:
+a sweep locks each run it is about to launch (runners.supervisor.RunLock); a run another process holds is
+left to the end, then waited for (saying who holds it) and skipped if that process completed it.
+
+On SLURM (``launcher="slurm"``): inside an allocation (``salloc``, a batch script) each worker group is a
+job step; outside one, the whole sweep is submitted as one batch job whose steps are the worker groups
+(:func:`runners.slurm.run_sweep_in_allocation`), unless ``launcher_opts["mode"] == "per_run"`` (one batch
+job per run).
 """
 
 from __future__ import annotations
@@ -18,7 +29,10 @@ import time
 from dataclasses import dataclass, field
 
 from kanlib.config import ConfigError
-from runners.launch import RunFailed, read_record, run
+from runners.command import check_environment
+from runners.group import groups_of, run_group
+from runners.launch import effective_launcher, make_job, read_record, refused
+from runners.supervisor import RunLock
 
 # Columns a launch notebook shows for the runs of a sweep.
 SUMMARY_COLUMNS = ["study", "model", "widths", "world_size", "nnodes", "nproc_per_node", "global_batch", "repeat",
@@ -37,6 +51,7 @@ class SweepResult:
     records: list[dict] = field(default_factory=list)
     failures: list[tuple[object, str]] = field(default_factory=list)
     skipped: int = 0
+    launches: int = 0  # worker-group launches the sweep made
 
     @property
     def ok(self) -> bool:
@@ -50,39 +65,176 @@ class SweepInterrupted(KeyboardInterrupt):
 def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | None = None,
               timeout_s: float | None = None, skip_done: bool = True, progress: bool = True,
               stream_output: bool = False, max_restarts: int = 0) -> SweepResult:
-    """Run each config (skipping those with an ok record already, when ``skip_done``), carry on past
-    failures, and report them at the end. ``stream_output`` echoes the runs' output to stdout.
-    ``timeout_s`` is each run's deadline; ``max_restarts`` is passed to torchrun. SIGTERM to the sweep (or
-    Ctrl-C) stops the run in flight gracefully (it checkpoints and is recorded as preempted) and raises
-    :class:`SweepInterrupted` (KeyboardInterrupt for Ctrl-C)."""
+    """Run each config (skipping those with an ok record already, when ``skip_done``), round by round in worker
+    groups, carry on past failures, and report them at the end. ``stream_output`` echoes the runs' output to
+    stdout. ``timeout_s`` is each run's deadline (a launch's first run counts its start-up); ``max_restarts`` is
+    passed to torchrun. SIGTERM to the sweep (or Ctrl-C) stops the run in flight gracefully (it checkpoints and
+    is recorded as preempted) and raises :class:`SweepInterrupted` (KeyboardInterrupt for Ctrl-C)."""
     from tqdm.auto import tqdm
 
-    result = SweepResult()
+    opts = dict(launcher_opts or {})
+    if launcher == "slurm" and opts.get("mode", "allocation") == "allocation":
+        from runners.slurm import inside_allocation, run_sweep_in_allocation
+
+        if not inside_allocation():
+            return run_sweep_in_allocation(configs, launcher_opts=opts, timeout_s=timeout_s, skip_done=skip_done,
+                                           max_restarts=max_restarts, stream_output=stream_output)
     t0 = time.monotonic()
-    with _sigterm_interrupts():
-        bar = tqdm(total=len(configs), desc="sweep", unit="run", disable=not progress, file=sys.stdout)
-        for cfg in configs:
-            bar.set_postfix_str(f"{cfg.study} {cfg.placement} r={cfg.repeat}")
-            done = _ok_record(cfg) if skip_done else None
-            if done is not None:
-                result.records.append(done)
-                result.skipped += 1
-            else:
-                try:
-                    result.records.append(run(cfg, launcher=launcher, launcher_opts=launcher_opts,
-                                              timeout_s=timeout_s, echo=None if stream_output else False,
-                                              max_restarts=max_restarts))
-                except RunFailed as e:
-                    result.failures.append((cfg, f"{e.status}: {e.error or str(e).splitlines()[0]}"))
-                except ConfigError as e:
-                    result.failures.append((cfg, f"failed: ConfigError: {e}"))
-            bar.update(1)
-        bar.close()
-    print(f"sweep: {len(result.records)} ok ({result.skipped} already done), "
-          f"{len(result.failures)} failed, {time.monotonic() - t0:.1f} s")
+    sweep = _Sweep(launcher, opts, timeout_s, None if stream_output else False, max_restarts)
+    with _sigterm_interrupts(), sweep:
+        todo = sweep.skip_done(_unique(configs)) if skip_done else _unique(configs)
+        sweep.bar = tqdm(total=len(configs), initial=len(configs) - len(todo), desc="sweep", unit="run",
+                         disable=not progress, file=sys.stdout)
+        for _, round_cfgs in _rounds(sweep.refuse(todo)):
+            for group in groups_of(round_cfgs):
+                sweep.run(group)
+        sweep.run_deferred()
+        sweep.bar.close()
+    result = sweep.result(configs)
+    print(f"sweep: {len(result.records)} ok ({result.skipped} already done), {len(result.failures)} failed, "
+          f"{sweep.launches} launches, {time.monotonic() - t0:.1f} s")
     for cfg, msg in result.failures:
         print(f"FAILED {cfg.run_key()}: {msg.splitlines()[0]}")
     return result
+
+
+class _Sweep:
+    """The state of one sweep: the locks it holds, what ended, what another process holds."""
+
+    def __init__(self, launcher: str, opts: dict, timeout_s, echo, max_restarts: int):
+        self.launcher, self.opts, self.timeout_s, self.echo = launcher, opts, timeout_s, echo
+        self.max_restarts = max_restarts
+        self.locks: dict[str, RunLock] = {}
+        self.records: dict[str, dict] = {}
+        self.failures: dict[str, str] = {}
+        self.deferred: list = []
+        self.skipped = 0
+        self.launches = 0
+        self.bar = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for lock in self.locks.values():
+            lock.release()
+        self.locks.clear()
+
+    def skip_done(self, configs: list) -> list:
+        todo = []
+        for cfg in configs:
+            done = read_record(cfg)
+            if done is not None:
+                self.records[cfg.run_key()] = done
+                self.skipped += 1
+            else:
+                todo.append(cfg)
+        return todo
+
+    def refuse(self, configs: list) -> list:
+        """The configs this machine can run; the others are failed attempts, refused before any launch."""
+        ok = []
+        for cfg in configs:
+            launcher = effective_launcher(cfg, self.launcher)
+            try:
+                check_environment(cfg, launcher)
+                ok.append(cfg)
+            except ConfigError as e:
+                refused(cfg, launcher, f"ConfigError: {e}")
+                self.failures[cfg.run_key()] = f"failed: ConfigError: {e}"
+                self._tick()
+        return ok
+
+    def run(self, group: list) -> None:
+        """Lock what this sweep can run now (another process's runs are deferred) and run it in worker groups."""
+        mine = []
+        for cfg in group:
+            lock = RunLock(cfg.run_dir())
+            if not lock.acquire(wait=False):
+                self.deferred.append(cfg)
+                continue
+            done = read_record(cfg)  # completed by another sweep between our look and our lock
+            if done is not None and cfg.run_key() not in self.failures:
+                lock.release()
+                self.records[cfg.run_key()] = done
+                self._tick()
+                continue
+            self.locks[cfg.run_key()] = lock
+            mine.append(cfg)
+        if not mine:
+            return
+        launcher = effective_launcher(mine[0], self.launcher)
+
+        def job(first, plan):
+            self.launches += 1
+            return make_job(first, launcher, self.opts, self.max_restarts, plan=plan)
+
+        for out in run_group(mine, job, timeout_s=self.timeout_s, echo=self.echo, on_end=self._ended,
+                             retries=3 if launcher == "local" else 0):
+            if out.status == "ok":
+                self.records[out.cfg.run_key()] = out.record
+                self.failures.pop(out.cfg.run_key(), None)
+            else:
+                self.failures[out.cfg.run_key()] = f"{out.status}: {out.error or out.message.splitlines()[0]}"
+
+    def _ended(self, cfg) -> None:
+        lock = self.locks.pop(cfg.run_key(), None)
+        if lock is not None:
+            lock.release()
+        self._tick()
+
+    def _tick(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def run_deferred(self) -> None:
+        """Wait for the runs another process held (saying who), then run what it did not complete."""
+        left = []
+        for cfg in self.deferred:
+            lock = RunLock(cfg.run_dir())
+            lock.acquire(wait=True)  # says who holds it while it waits
+            lock.release()
+            done = read_record(cfg)
+            if done is not None:
+                self.records[cfg.run_key()] = done
+                self._tick()
+            else:
+                left.append(cfg)
+        self.deferred = []
+        for group in groups_of(left):
+            self.run(group)
+
+    def result(self, configs: list) -> SweepResult:
+        res = SweepResult(skipped=self.skipped, launches=self.launches)
+        seen = set()
+        for cfg in configs:
+            key = cfg.run_key()
+            if key in seen:
+                continue
+            seen.add(key)
+            if key in self.records:
+                res.records.append(self.records[key])
+            elif key in self.failures:
+                res.failures.append((cfg, self.failures[key]))
+        return res
+
+
+def _unique(configs: list) -> list:
+    """Each run key once, in order (a run listed twice runs once)."""
+    seen, out = set(), []
+    for c in configs:
+        if c.run_key() not in seen:
+            seen.add(c.run_key())
+            out.append(c)
+    return out
+
+
+def _rounds(configs: list) -> list[tuple[int, list]]:
+    """``(repeat, configs)`` in repeat order: every point's repeat r before any point's repeat r + 1."""
+    by: dict[int, list] = {}
+    for c in configs:
+        by.setdefault(int(getattr(c, "repeat", 0)), []).append(c)
+    return sorted(by.items())
 
 
 @contextlib.contextmanager
@@ -101,8 +253,3 @@ def _sigterm_interrupts():
         yield
     finally:
         signal.signal(signal.SIGTERM, prev)
-
-
-def _ok_record(cfg) -> dict | None:
-    """The run's record when it completed ok (a valid record); None when missing, unreadable or invalid."""
-    return read_record(cfg)

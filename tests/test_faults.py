@@ -112,7 +112,7 @@ def test_nan_on_one_rank_stops_all(tmp_path, monkeypatch, hook):
     assert "NonFiniteLoss: non-finite loss at step 6 on rank(s) [1]" in e.value.error
     log = open(os.path.join(cfg.run_dir(), "launch.log")).read()
     for rank in (0, 1):  # both ranks stopped with the same clear error, not one rank alone
-        assert f"[rank{rank}]: NonFiniteLoss: non-finite loss at step 6 on rank(s) [1]" in log
+        assert f"[rank{rank}]: kanlib.train.NonFiniteLoss: non-finite loss at step 6 on rank(s) [1]" in log
 
 
 @pytest.mark.slow

@@ -30,7 +30,7 @@ def test_one_failing_member_of_three(tmp_path):
     res = run_sweep(configs, progress=False, timeout_s=120)
     assert len(res.records) == 2 and not res.ok
     [(cfg, msg)] = res.failures
-    assert cfg is configs[1] and msg.startswith("failed: NonFiniteLoss: non-finite loss at step")
+    assert cfg is configs[1] and msg.startswith("failed: kanlib.train.NonFiniteLoss: non-finite loss at step")
     rows = manifest_rows(configs[0])
     assert [(r["run_key"], r["status"]) for r in rows] == [
         (configs[0].run_key(), "ok"), (configs[1].run_key(), "failed"), (configs[2].run_key(), "ok")]
