@@ -5,7 +5,8 @@ list of ``mode@rank:step[#text]`` items, for example ``KANLIB_FAULT=kill@1:12`` 
 ``KANLIB_FAULT=nan@1:3,nan@0:7``. With ``#text`` the fault fires only in runs whose run key contains
 ``text`` (a worker group runs many runs in one process: ``raise@0:3#-r1-`` fails the repeat 1 runs only).
 Step ``-1`` is before the run starts: a worker group (kanlib.worker) fires a ``kill`` or ``raise`` due
-there between the previous run and this one. Modes:
+there between the previous run and this one (only when its processes ran a run before: a fresh launch starts
+its first run undisturbed). Modes:
 
 - ``raise``     the rank raises ``InjectedFault`` at the start of that step.
 - ``kill``      the rank sends itself SIGKILL at the start of that step.

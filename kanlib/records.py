@@ -443,13 +443,19 @@ def _write_all(fd: int, data: bytes) -> None:
         raise OSError(f"wrote {n} of {len(data)} bytes (disk full?)")
 
 
+def read_events(path: str) -> list[dict]:
+    """The events of a worker group (``events.jsonl``) in order."""
+    return read_jsonl(path)
+
+
 def append_event(path: str, event: dict) -> None:
     """Append one event of a worker group (``events.jsonl``, kanlib.worker): one ``O_APPEND`` write, synced."""
     append_jsonl(path, event)
 
 
-def read_events(path: str) -> list[dict]:
-    """The complete event lines of ``path`` in order (a missing file has none; a cut or garbled line is skipped)."""
+def read_jsonl(path: str) -> list[dict]:
+    """The complete JSON-object lines of ``path`` in order (events, launches; a missing file has none; a cut or
+    garbled line is skipped)."""
     try:
         with open(path, "rb") as f:
             raw = f.read()

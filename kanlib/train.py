@@ -17,6 +17,7 @@ faults for tests.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import signal
@@ -529,8 +530,28 @@ def release(run: Run) -> None:
         run.writer.close()
     run.module = run.model = run.optimizer = run.data = run.comm = None
     run.params.clear()
+    gc.collect()
     if run.info.device.type == "cuda":
         torch.cuda.empty_cache()
+    _return_free_memory()
+
+
+def _return_free_memory() -> None:
+    """Give the C heap's free memory back to the OS (glibc's ``malloc_trim``), so the next run's resident set,
+    and with it its peak, starts from what is live, not from what an earlier run of the process freed."""
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            import ctypes
+
+            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
+
+_MALLOC_TRIM = None
 
 
 def _powersgd_stats(comm) -> dict | None:

@@ -166,7 +166,8 @@ def run_plan(plan_path: str) -> int:
             cfg, key = configs[i], configs[i].run_key()
             if _any_rank(group, group.stop.requested):
                 break  # SIGTERM between runs: the rest is left for a later launch
-            faults.between_runs(faults.active(key), info.rank)
+            if i > first:  # between two runs of this process (a fresh launch starts its first run undisturbed)
+                faults.between_runs(faults.active(key), info.rank)
             group.runs_before = i - first
             group.started_at = _PROCESS_START if i == first else time.time()
             if info.is_main:

@@ -23,12 +23,15 @@ import sys
 import time
 import uuid
 
+from kanlib import records
 from kanlib.config import ConfigError
 from runners.command import compile_cache_dir, launch_env, torchrun_command, worker_program
 from runners.local import events_of, start_torchrun
 from runners.supervisor import Job, RunFailed, end_process_tree, supervise
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm", "train.sbatch.tmpl")
+ALLOCATION_TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm", "allocation.sbatch.tmpl")
+ALLOCATIONS_DIR = "allocations"
 SCRIPT_NAME = "train.sbatch"
 # Job states after which a job never runs again (scontrol's JobState).
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -96,7 +99,8 @@ def srun_command(cfg, *, python: str = sys.executable, rdzv_endpoint: str | None
             rdzv_endpoint = f"{head}:{port}"
         rdzv_id = rdzv_id or f"{job}-{uuid.uuid4().hex[:8]}"
     cpus = cpus_per_task or cfg.nproc_per_node * cfg.threads
-    return (["srun", "--kill-on-bad-exit=1", f"--nodes={cfg.nnodes}", "--ntasks-per-node=1",
+    # --ntasks explicitly: inside a batch job srun would take the allocation's task count from its environment
+    return (["srun", "--kill-on-bad-exit=1", f"--nodes={cfg.nnodes}", f"--ntasks={cfg.nnodes}", "--ntasks-per-node=1",
              f"--cpus-per-task={cpus}", *srun_args]
             + torchrun_command(cfg, python=python, standalone=False, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
                                program=program))
@@ -121,6 +125,48 @@ def inside_allocation() -> bool:
     return bool(os.environ.get("SLURM_JOB_ID"))
 
 
+def _site(cfg, *, partition=None, account=None, gpus_per_node: int = 0, time_limit: str = "00:30:00",
+          modules=(), env=None, sbatch_options=()) -> tuple[list[str], dict]:
+    """Check a site's settings for a job that runs ``cfg`` (the largest of a sweep); the ``#SBATCH`` options
+    and the environment to export. Every value is validated: none can inject a command or expand in the job."""
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int):
+        raise ConfigError(f"gpus_per_node: expected an integer, got {gpus_per_node!r}")
+    if gpus_per_node < 0:
+        raise ConfigError(f"gpus_per_node: must be >= 0, got {gpus_per_node!r}")
+    if gpus_per_node == 0 and cfg.device == "cuda":
+        raise ConfigError("gpus_per_node: device='cuda' needs gpus_per_node >= 1 (SLURM would give the job no GPU)")
+    if gpus_per_node and cfg.nproc_per_node > gpus_per_node:
+        raise ConfigError(f"nproc_per_node: {cfg.nproc_per_node} processes per node but gpus_per_node={gpus_per_node}")
+    if not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", str(time_limit)):
+        raise ConfigError(f"time_limit: expected [D-]HH:MM:SS, got {time_limit!r}")
+    env = dict(env or {})
+    for key, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)):
+            raise ConfigError(f"env: {key!r} is not a valid environment variable name")
+        if re.search(r"[\x00-\x1f\x7f]", str(value)):
+            raise ConfigError(f"env: the value of {key} holds a control character (newline?): {value!r}")
+    for m in modules:
+        if re.search(r"[\x00-\x1f\x7f]", str(m)):
+            raise ConfigError(f"modules: {m!r} holds a control character (newline?)")
+    options = [f"--gpus-per-node={gpus_per_node}"] if gpus_per_node else []
+    options += [f"--partition={_site_value('partition', partition)}"] if partition else []
+    options += [f"--account={_site_value('account', account)}"] if account else []
+    for o in sbatch_options:
+        if not re.fullmatch(r"--[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.,:+@%=/-]+)?", str(o)):
+            raise ConfigError(f"sbatch_options: {o!r} is not one sbatch option (--name or --name=value, no "
+                              f"spaces, quotes or shell characters)")
+        options.append(str(o))
+    return options, env
+
+
+def _cpus(name: str, value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+    return value
+
+
 def sbatch_script(cfg, *, partition: str | None = None, account: str | None = None,
                   gpus_per_node: int = 0, time_limit: str = "00:30:00",
                   modules: tuple[str, ...] | list[str] = (), env: dict | None = None,
@@ -138,32 +184,9 @@ def sbatch_script(cfg, *, partition: str | None = None, account: str | None = No
     by :class:`SlurmJob` (paths may hold spaces there), so a relative ``cfg.out_dir`` names the same folder
     for the job and for the runner reading the record back.
     """
-    if gpus_per_node < 0:
-        raise ConfigError(f"gpus_per_node: must be >= 0, got {gpus_per_node!r}")
-    if gpus_per_node == 0 and cfg.device == "cuda":
-        raise ConfigError("gpus_per_node: device='cuda' needs gpus_per_node >= 1 (SLURM would give the job no GPU)")
-    if gpus_per_node and cfg.nproc_per_node > gpus_per_node:
-        raise ConfigError(f"nproc_per_node: {cfg.nproc_per_node} processes per node but gpus_per_node={gpus_per_node}")
-    if not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", str(time_limit)):
-        raise ConfigError(f"time_limit: expected [D-]HH:MM:SS, got {time_limit!r}")
-    env = dict(env or {})
-    for key, value in env.items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise ConfigError(f"env: {key!r} is not a valid environment variable name")
-        if re.search(r"[\x00-\x1f\x7f]", str(value)):
-            raise ConfigError(f"env: the value of {key} holds a control character (newline?): {value!r}")
-    for m in modules:
-        if re.search(r"[\x00-\x1f\x7f]", str(m)):
-            raise ConfigError(f"modules: {m!r} holds a control character (newline?)")
-    options = [f"--gpus-per-node={gpus_per_node}"] if gpus_per_node else []
-    options += [f"--partition={_site_value('partition', partition)}"] if partition else []
-    options += [f"--account={_site_value('account', account)}"] if account else []
-    for o in sbatch_options:
-        if not re.fullmatch(r"--[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.,:+@%=/-]+)?", str(o)):
-            raise ConfigError(f"sbatch_options: {o!r} is not one sbatch option (--name or --name=value, no "
-                              f"spaces, quotes or shell characters)")
-        options.append(str(o))
-    cpus = int(cpus_per_task or cfg.nproc_per_node * cfg.threads)
+    options, env = _site(cfg, partition=partition, account=account, gpus_per_node=gpus_per_node,
+                         time_limit=time_limit, modules=modules, env=env, sbatch_options=sbatch_options)
+    cpus = _cpus("cpus_per_task", cpus_per_task) or cfg.nproc_per_node * cfg.threads
     srun = srun_command(cfg, python=python, rdzv_endpoint=_RDZV_ENDPOINT, rdzv_id=_RDZV_ID, cpus_per_task=cpus,
                         program=program)
     values = {
@@ -204,7 +227,9 @@ class SlurmJob(Job):
         self._errors = 0
 
     def command(self) -> list[str]:
-        return ["sbatch", "--parsable", f"--output={os.path.join(self.run_dir, 'slurm-%j.log')}",
+        # SLURM expands %-patterns in --output (%j: the job id): a '%' of the folder itself is written '%%'
+        output = os.path.join(self.run_dir.replace("%", "%%"), "slurm-%j.log")
+        return ["sbatch", "--parsable", f"--output={output}",
                 f"--chdir={os.getcwd()}", *self.sbatch_args, self.script_path]
 
     def start(self) -> None:
@@ -214,11 +239,14 @@ class SlurmJob(Job):
         cmd = self.command()
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
-            why = out.stderr.strip() or out.stdout.strip()
-            raise RunFailed(f"sbatch refused run {self.cfg.run_key()} (exit {out.returncode}): {why}\n$ {shlex.join(cmd)}",
-                            returncode=out.returncode, log_tail=out.stderr, run_dir=self.run_dir,
-                            error=f"sbatch refused: {why}")
+            raise self.refused(out)
         self.job_id = out.stdout.strip().split(";")[0]
+
+    def refused(self, out) -> RunFailed:
+        why = out.stderr.strip() or out.stdout.strip()
+        return RunFailed(f"sbatch refused run {self.cfg.run_key()} (exit {out.returncode}): {why}\n"
+                         f"$ {shlex.join(self.command())}", returncode=out.returncode, log_tail=out.stderr,
+                         run_dir=self.run_dir, error=f"sbatch refused: {why}")
 
     def poll(self) -> int | None:
         if time.monotonic() - self._last_poll < self.poll_s:
@@ -346,6 +374,157 @@ def run_slurm(cfg, *, timeout_s: float | None = None, echo=None, dry_run: bool =
         stream.write(f"# {job.script_path}\n{job.script}\n$ {shlex.join(job.command())}\n")
         return None
     return supervise(cfg, job, timeout_s=timeout_s, echo=echo)
+
+
+# -- one allocation for a whole sweep ------------------------------------------------------------------
+SWEEP_NAME = "sweep.json"
+# launcher_opts that shape the allocation (the batch job) rather than its job steps
+ALLOCATION_OPTS = ("partition", "account", "gpus_per_node", "time_limit", "modules", "env", "python", "job_name",
+                   "cpus_per_task", "sbatch_options", "sbatch_args", "poll_s", "nodes", "mode", "dry_run")
+
+
+def allocation_script(configs: list, command: list[str], *, nodes: int | None = None, partition: str | None = None,
+                      account: str | None = None, gpus_per_node: int = 0, time_limit: str = "01:00:00",
+                      modules=(), env: dict | None = None, python: str = sys.executable, job_name: str | None = None,
+                      cpus_per_task: int | None = None, sbatch_options=(), what: str = "") -> str:
+    """The batch script of one allocation that runs ``command`` (a sweep, or a whole study) on its first node,
+    sized for the largest placement of ``configs``: ``nodes`` (default the largest ``nnodes``), one task per node
+    with ``cpus_per_task`` CPUs (default the largest ``nproc_per_node * threads``), ``gpus_per_node``. The other
+    site settings are those of :func:`sbatch_script`, validated alike."""
+    widest = max(configs, key=lambda c: (c.nproc_per_node * c.threads, c.nnodes))
+    need = max(c.nnodes for c in configs)
+    nodes = _cpus("nodes", nodes) or need
+    if nodes < need:
+        raise ConfigError(f"nodes: the allocation has {nodes} nodes but a placement of the sweep needs {need}")
+    options, env = _site(widest, partition=partition, account=account, gpus_per_node=gpus_per_node,
+                         time_limit=time_limit, modules=modules, env=env, sbatch_options=sbatch_options)
+    cpus = _cpus("cpus_per_task", cpus_per_task) or max(c.nproc_per_node * c.threads for c in configs)
+    first = configs[0]
+    values = {
+        "what": what or f"kanlib: one allocation for {len(configs)} runs",
+        "job_name": _site_value("job_name", job_name or f"kanlib-{first.study}"),
+        "nnodes": str(nodes), "cpus_per_task": str(cpus), "time_limit": str(time_limit),
+        "sbatch_options": "\n".join(f"#SBATCH {o}" for o in options),
+        "module_lines": "\n".join(f"module load {shlex.quote(str(m))}" for m in modules),
+        "pythonpath": shlex.quote(_ROOT), "compile_cache": shlex.quote(compile_cache_dir(first)),
+        "env_lines": "\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())),
+        "command": _shell_join([python if a == "{python}" else a for a in command]),
+    }
+    with open(ALLOCATION_TEMPLATE) as f:
+        return _render(f.read(), values)
+
+
+class AllocationJob(SlurmJob):
+    """One batch job holding an allocation; its script runs a command on the first node (a sweep whose worker
+    groups are job steps). Submitted, polled and cancelled like :class:`SlurmJob`."""
+
+    def __init__(self, folder: str, script: str, *, sbatch_args=(), poll_s: float = 0.5, label: str = ""):
+        self.cfg, self.sbatch_args, self.poll_s, self.plan = None, list(sbatch_args), poll_s, None
+        self.script, self.run_dir, self.label = script, os.path.abspath(folder), label
+        self.script_path = os.path.join(self.run_dir, "allocation.sbatch")
+        self.job_id = None
+        self.state = self.exit_code = None
+        self._last_poll = 0.0
+        self._errors = 0
+
+    def events_path(self) -> str | None:
+        return None
+
+    def describe(self) -> str:
+        return f"SLURM allocation {self.job_id}" if self.job_id else "SLURM allocation"
+
+    def refused(self, out) -> RunFailed:
+        why = out.stderr.strip() or out.stdout.strip()
+        return RunFailed(f"sbatch refused the allocation of {self.label} (exit {out.returncode}): {why}",
+                         returncode=out.returncode, log_tail=out.stderr, run_dir=self.run_dir,
+                         error=f"sbatch refused: {why}")
+
+
+def run_sweep_in_allocation(configs: list, *, launcher_opts: dict | None = None, timeout_s: float | None = None,
+                            skip_done: bool = True, max_restarts: int = 0, stream_output: bool = False):
+    """Run a sweep as one SLURM batch job: the job's script runs ``python -m runners.sweep --sweep=FILE`` on its
+    first node, which runs the worker groups as job steps of the allocation (each placement on as many of its
+    nodes as it needs). Follows the job's log to its end and returns a :class:`runners.sweep.SweepResult` from
+    the records and manifest rows the job wrote. ``launcher_opts``: the site settings of
+    :func:`allocation_script` (``nodes``, ``time_limit`` of the whole allocation, ...) and ``dry_run``."""
+    from runners.group import launch_dir
+    from runners.sweep import SweepResult, _unique, write_sweep
+    from runners.supervisor import read_record
+
+    opts = dict(launcher_opts or {})
+    configs = _unique(configs)
+    result = SweepResult()
+    todo = []
+    for cfg in configs:
+        done = read_record(cfg) if skip_done else None
+        if done is not None:
+            result.records.append(done)
+            result.skipped += 1
+        else:
+            todo.append(cfg)
+    if not todo:
+        return result
+    folder = launch_dir(todo[0], records.new_run_id()).replace(f"{os.sep}launches{os.sep}",
+                                                                f"{os.sep}{ALLOCATIONS_DIR}{os.sep}")
+    step_opts = {k: v for k, v in opts.items() if k in SrunJob.OPTIONS and k not in ("env", "python")}
+    sweep_file = os.path.join(os.path.abspath(folder), SWEEP_NAME)
+    site = {k: v for k, v in opts.items() if k in ALLOCATION_OPTS and k not in ("sbatch_args", "poll_s", "mode",
+                                                                                "dry_run")}
+    script = allocation_script(todo, ["{python}", "-m", "runners.sweep", f"--sweep={sweep_file}"],
+                               what=f"kanlib: one allocation for a sweep of {len(todo)} runs", **site)
+    job = AllocationJob(folder, script, sbatch_args=opts.get("sbatch_args", ()), poll_s=opts.get("poll_s", 0.5),
+                        label=f"a sweep of {len(todo)} runs")
+    if opts.get("dry_run"):
+        sys.stdout.write(f"# {job.script_path}\n{script}\n$ {shlex.join(job.command())}\n")
+        return result
+    os.makedirs(folder, exist_ok=True)
+    write_sweep(sweep_file, todo, launcher="slurm", launcher_opts=step_opts, timeout_s=timeout_s,
+                skip_done=skip_done, max_restarts=max_restarts)
+    before = {c.run_key(): read_record(c) for c in todo}
+    _follow_allocation(job, echo=None if stream_output else False)
+    return _collect(todo, before, job, result)
+
+
+def _follow_allocation(job: "AllocationJob", echo) -> None:
+    """Submit the allocation and follow its log until it ends (Ctrl-C or SIGTERM: scancel, which ends its steps
+    gracefully: the sweep inside records them)."""
+    from runners.supervisor import POLL_S, LogFollower
+
+    echo = sys.stdout if echo is None else echo
+    job.start()
+    follow = LogFollower(job.log_paths(), echo, [""])
+    try:
+        while job.poll() is None:
+            follow.pump()
+            time.sleep(POLL_S)
+    except BaseException:
+        job.cancel(60.0)
+        follow.pump(final=True)
+        raise
+    follow.pump(final=True)
+
+
+def _collect(configs: list, before: dict, job: "AllocationJob", result):
+    """The sweep's result from what the allocation left: fresh records, else the run's last manifest row."""
+    from runners.supervisor import read_record
+
+    for cfg in configs:
+        rec, old = read_record(cfg), before.get(cfg.run_key())
+        if rec is not None and (old is None or rec.get("run_id") != old.get("run_id")):
+            result.records.append(rec)
+            continue
+        rows, _ = records.read_manifest_rows(records.manifest_path(cfg.out_dir, cfg.study))
+        mine = [r for r in rows if r.get("run_key") == cfg.run_key()]
+        if mine and mine[-1].get("status") != "ok":
+            result.failures.append((cfg, f"{mine[-1]['status']}: {mine[-1].get('error', '')}"))
+        else:
+            result.failures.append((cfg, f"failed: {job.describe()} ended {job.state or 'without a state'} "
+                                         f"before this run ended"))
+    print(f"sweep: {len(result.records)} ok ({result.skipped} already done), {len(result.failures)} failed, "
+          f"one allocation ({job.describe()})")
+    for cfg, msg in result.failures:
+        print(f"FAILED {cfg.run_key()}: {msg.splitlines()[0]}")
+    return result
 
 
 def _job_info(job_id: str) -> dict | None:

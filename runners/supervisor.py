@@ -335,6 +335,8 @@ class Launch:
         self.began: dict[str, float] = {}  # run key -> monotonic time its begin event was seen
         self.ended: dict[str, Outcome] = {}
         self.n_events = 0
+        self.timed_out: str | None = None  # the run in flight when the deadline passed
+        self.interrupted: BaseException | None = None
         self.started = self.started_wall = 0.0
         self.follow: LogFollower | None = None
 
@@ -365,7 +367,14 @@ class Launch:
             if e.get("event") == "begin":
                 self.began[key] = time.monotonic()
             elif e.get("event") == "end" and key not in self.ended:
-                self._end(self.by_key[key], None, e.get("status", "ok"))
+                status = e.get("status", "ok")
+                if key == self.timed_out and status != "ok":
+                    status = "timeout"  # it stopped because the runner ended it at its deadline
+                error = ""
+                if status == "preempted" and self.interrupted is not None:
+                    error = (f"the runner was interrupted ({type(self.interrupted).__name__}); the run checkpointed "
+                             f"and stopped")
+                self._end(self.by_key[key], 0 if status == "ok" else None, status, error=error)
         self.n_events = len(evs)
 
     # -- watching ---------------------------------------------------------------------------------------
@@ -388,6 +397,7 @@ class Launch:
             self._log_launch(None)
             raise
         except BaseException as e:  # Ctrl-C, SIGTERM to the sweep, or a bug: never leave the run behind
+            self.interrupted = e
             self.job.cancel(self.kill_grace_s)
             self._settle(None, interrupted=e)
             self._log_launch(None)
@@ -415,6 +425,7 @@ class Launch:
             if code is not None:
                 return code, False
             if self._deadline_passed():
+                self.timed_out = self.in_flight().run_key()
                 _append_log(self.follow.paths, f"{DEADLINE_MARK} of {self.timeout_s} s passed; ending the run\n",
                             every=True)
                 self.job.cancel(self.kill_grace_s)
@@ -438,7 +449,7 @@ class Launch:
         if cfg is None:
             return
         began = cfg.run_key() in self.began
-        if not began and (interrupted is None and not timed_out) and self.ended:
+        if not began and interrupted is None and self.ended:
             return  # the launch ended between two runs: the rest go to a fresh launch
         rec, marker = read_record(cfg), os.path.exists(os.path.join(cfg.run_dir(), records.PREEMPTED_NAME))
         if interrupted is not None:

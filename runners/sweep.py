@@ -253,3 +253,43 @@ def _sigterm_interrupts():
         yield
     finally:
         signal.signal(signal.SIGTERM, prev)
+
+
+# -- a sweep from a file (what a SLURM allocation runs: runners.slurm.run_sweep_in_allocation) -------------
+def write_sweep(path: str, configs: list, **options) -> None:
+    """Write a sweep to run elsewhere: its configs (kind and fields) and :func:`run_sweep`'s options."""
+    from kanlib import records
+    from kanlib.worker import kind_of
+
+    records.atomic_write_json(path, {"configs": [{"kind": kind_of(c), "config": c.to_dict()} for c in configs],
+                                     "options": options})
+
+
+def read_sweep(path: str) -> tuple[list, dict]:
+    """The configs and options :func:`write_sweep` wrote (ConfigError naming the file when unreadable)."""
+    import json
+
+    from kanlib.worker import config_kinds
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        kinds = config_kinds()
+        return [kinds[e["kind"]][0](**e["config"]) for e in data["configs"]], dict(data["options"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"sweep: cannot read {path}: {type(e).__name__}: {e}") from e
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m runners.sweep --sweep=FILE``: run the sweep of FILE here (inside a SLURM allocation, its
+    worker groups are job steps); exit 1 when a run failed."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or not argv[0].startswith("--sweep="):
+        raise SystemExit("usage: python -m runners.sweep --sweep=FILE (written by runners.sweep.write_sweep)")
+    configs, options = read_sweep(argv[0].split("=", 1)[1])
+    result = run_sweep(configs, progress=False, stream_output=True, **options)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

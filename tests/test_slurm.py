@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 
+from kanlib import records
 from kanlib.config import ConfigError, RunConfig
 from runners.launch import RunFailed, launch_env, read_record, run
 from runners.slurm import head_address, run_slurm, sbatch_script, srun_command
@@ -61,8 +62,8 @@ def test_dry_run_renders_one_srun_torchrun_per_node(tmp_path):
                  f"$ sbatch --parsable --output={run_dir}/slurm-%j.log --chdir={os.getcwd()} {run_dir}/train.sbatch"):
         assert line in text.splitlines(), f"missing line {line!r} in:\n{text}"
     tokens = srun_tokens(text)
-    assert tokens[:5] == ["srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=4"]
-    assert tokens[5:8] == ["/opt/venv/bin/python", "-m", "torch.distributed.run"]
+    assert tokens[:6] == ["srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=4"]
+    assert tokens[6:9] == ["/opt/venv/bin/python", "-m", "torch.distributed.run"]
     # the port is picked free on the head node when the job starts (not derived from the job id)
     assert any(ln.startswith("PORT=$(/opt/venv/bin/python -c ") for ln in text.splitlines())
     assert {"--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
@@ -97,7 +98,7 @@ def test_srun_command_needs_an_allocation_or_an_endpoint(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="^SLURM_JOB_ID is not set"):
         srun_command(cfg)
     cmd = srun_command(cfg, python="/py", rdzv_endpoint="10.0.0.1:29517", rdzv_id="17")
-    assert cmd[:6] == ["srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "/py"]
+    assert cmd[:7] == ["srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=1", "/py"]
     assert "--rdzv-endpoint=10.0.0.1:29517" in cmd and "--rdzv-id=17" in cmd
 
 
@@ -119,7 +120,8 @@ def test_two_node_job_matches_a_local_two_process_run(slurm_cluster, local_two_p
     log = os.path.join(cfg.run_dir(), f"slurm-{rec['slurm_job_id']}.log")
     assert "rendezvous 127.0.0.1:" in open(log).read()
     assert "rendezvous 127.0.0.1:" in out.getvalue()
-    assert os.path.exists(os.path.join(cfg.run_dir(), "train.sbatch"))
+    # the script that ran is kept with its launch (the run's worker group, of one run here)
+    assert os.path.exists(os.path.join(cfg.out_dir, cfg.study, "launches", rec["launch_id"], "train.sbatch"))
 
 
 @pytest.mark.slurm
@@ -308,3 +310,30 @@ def test_dollar_and_spaces_reach_the_job_literally(tmp_path):
     assert f"--out_dir={out}" in args and "/should/not/appear" not in proc.stdout.replace("NOTE", "")
     assert "--rdzv-id=5" in args and any(a.startswith("--rdzv-endpoint=127.0.0.1:") for a in args)
     assert "export NOTE='$HOME; echo hi'" in script
+
+
+# -- one allocation for a sweep (many runs per launch) ------------------------------------------
+
+@pytest.mark.slurm
+def test_a_sweep_is_one_allocation_whose_steps_are_the_worker_groups(slurm_cluster, tmp_path):
+    from runners.sweep import run_sweep
+
+    configs = [tiny(tmp_path, nnodes=n, nproc_per_node=1, seed=s) for n in (1, 2) for s in (1, 2, 3)]
+    res = run_sweep(configs, launcher="slurm", launcher_opts={"time_limit": "00:10:00"}, timeout_s=120,
+                    progress=False)
+    assert res.ok and len(res.records) == 6, res.failures
+    assert len({r["slurm_job_id"] for r in res.records}) == 1  # one batch job
+    assert {r["slurm_nodelist"] for r in res.records} == {"n[1-2]"}
+    launches = records.read_jsonl(os.path.join(str(tmp_path), "slurm", records.LAUNCHES_NAME))
+    assert sorted(row["placement"] for row in launches) == ["1x1", "2x1"]
+    assert all(row["launcher"] == "slurm" and row["n_ok"] == 3 for row in launches)
+    for row in launches:  # each worker group was a job step: srun's own log beside its plan
+        assert row["logs"] == [os.path.join(os.path.dirname(row["logs"][0]), "srun.log")]
+        mine = sorted(r["runs_before_in_launch"] for r in res.records if r["launch_id"] == row["launch_id"])
+        assert mine == [0, 1, 2]
+    # the allocation's own folder holds its script and log; the sweep ran inside it
+    [alloc] = glob.glob(os.path.join(str(tmp_path), "slurm", "allocations", "*"))
+    assert os.path.exists(os.path.join(alloc, "allocation.sbatch")) and os.path.exists(os.path.join(alloc, "sweep.json"))
+    # a second sweep submits nothing: every run is done
+    again = run_sweep(configs, launcher="slurm", launcher_opts={"time_limit": "00:10:00"}, progress=False)
+    assert again.skipped == 6 and len(glob.glob(os.path.join(str(tmp_path), "slurm", "allocations", "*"))) == 1

@@ -1,0 +1,114 @@
+"""Worker groups: one launch runs many runs (kanlib.worker, runners/group.py), each as independent as in a process
+of its own, faults contained to the run that has them, rounds ordered, peak memory per run. Real processes."""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import pytest
+import torch
+
+from kanlib import records
+from runhelp import final_params, manifest_rows, tiny
+from runners.sweep import run_sweep
+
+pytestmark = [pytest.mark.usefixtures("no_process_left"), pytest.mark.slow]
+
+
+def launches(cfg) -> list[dict]:
+    return records.read_jsonl(os.path.join(cfg.out_dir, cfg.study, records.LAUNCHES_NAME))
+
+
+def losses(cfg) -> list[str]:
+    """The per-step training losses as written (text: equal text is equal bits)."""
+    with open(os.path.join(cfg.run_dir(), records.STEPS_NAME), newline="") as f:
+        return [row["loss"] for row in csv.DictReader(f)]
+
+
+def test_a_run_in_a_reused_group_equals_a_run_in_a_fresh_process(tmp_path):
+    # the compiled default kernel: the second run of the group reuses what the first traced
+    kw = dict(nproc_per_node=1, kan_impl="compiled", steps=12)
+    first, second = tiny(tmp_path / "group", seed=1, **kw), tiny(tmp_path / "group", seed=2, lr=3e-3, **kw)
+    res = run_sweep([first, second], progress=False, timeout_s=300)
+    assert res.ok and res.launches == 1
+    by_key = {r["run_key"]: r for r in res.records}
+    alone = tiny(tmp_path / "alone", seed=2, lr=3e-3, **kw)
+    solo = run_sweep([alone], progress=False, timeout_s=300).records[0]
+    grouped = by_key[second.run_key()]
+    assert grouped["runs_before_in_launch"] == 1 and solo["runs_before_in_launch"] == 0
+    assert grouped["launch_id"] == by_key[first.run_key()]["launch_id"] != solo["launch_id"]
+    assert grouped["kan_path"] == solo["kan_path"] == "compiled"
+    assert grouped["compile_s"] == 0.0 < by_key[first.run_key()]["compile_s"]  # traced once per shape per group
+    assert losses(second) == losses(alone)  # to the bit
+    a, b = final_params(second), final_params(alone)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("fault", ["raise@0:3", "kill@1:3", "hang@1:3"])
+def test_a_failing_run_fails_alone_and_a_fresh_group_carries_on(tmp_path, monkeypatch, fault):
+    a, b, c = (tiny(tmp_path, seed=s, steps=10) for s in (1, 2, 3))
+    marker = b.run_key()[-10:]
+    monkeypatch.setenv("KANLIB_FAULT", f"{fault}#{marker}")
+    res = run_sweep([a, b, c], progress=False, timeout_s=120)
+    assert [cfg.run_key() for cfg, _ in res.failures] == [b.run_key()]
+    why = res.failures[0][1]
+    expected = {"raise": "InjectedFault", "kill": "killed by SIGKILL", "hang": "Timed out"}[fault.split("@")[0]]
+    assert why.startswith("failed: ") and expected.lower() in why.lower(), why
+    assert [(r["run_key"], r["status"]) for r in manifest_rows(a)] == [
+        (a.run_key(), "ok"), (b.run_key(), "failed"), (c.run_key(), "ok")]
+    recs = {r["run_key"]: r for r in res.records}
+    assert recs[a.run_key()]["launch_id"] != recs[c.run_key()]["launch_id"]
+    assert recs[c.run_key()]["runs_before_in_launch"] == 0  # a fresh group
+    rows = launches(a)
+    assert len(rows) == 2 and rows[0]["n_began"] == 2 and rows[0]["exit_code"] not in (0, None)
+    # the failed run's own log holds its error, and none of the runs after it
+    log = open(os.path.join(b.run_dir(), "launch.log")).read()
+    assert f"kanlib: run {b.run_key()} begins" in log and c.run_key() not in log
+
+
+def test_a_group_killed_between_two_runs_loses_nothing_and_a_fresh_group_carries_on(tmp_path, monkeypatch):
+    a, b, c = (tiny(tmp_path, seed=s, steps=10) for s in (1, 2, 3))
+    # rank 0 is SIGKILLed after run a, before run b begins: the launch dies between two runs
+    monkeypatch.setenv("KANLIB_FAULT", f"kill@0:-1#{b.run_key()[-10:]}")
+    res = run_sweep([a, b, c], progress=False, timeout_s=120)
+    assert res.ok and len(res.records) == 3
+    assert [(r["run_key"], r["status"]) for r in manifest_rows(a)] == [
+        (a.run_key(), "ok"), (b.run_key(), "ok"), (c.run_key(), "ok")]
+    first, second = launches(a)
+    assert first["n_began"] == 1 and first["n_ok"] == 1 and first["exit_code"] not in (0, None)
+    assert second["n_began"] == 2 and second["n_ok"] == 2
+    # what the first launch's run wrote is intact
+    assert records.read_record(os.path.join(a.run_dir(), records.RECORD_NAME))["launch_id"] == first["launch_id"]
+
+
+def test_a_run_past_its_deadline_times_out_alone(tmp_path):
+    a, b, c = tiny(tmp_path, seed=1, steps=10), tiny(tmp_path, seed=2, steps=10 ** 6), tiny(tmp_path, seed=3, steps=10)
+    res = run_sweep([a, b, c], progress=False, timeout_s=30)
+    assert [(cfg.run_key(), msg.split(":")[0]) for cfg, msg in res.failures] == [(b.run_key(), "timeout")]
+    assert {r["run_key"] for r in res.records} == {a.run_key(), c.run_key()}
+    assert [r["status"] for r in manifest_rows(a)] == ["ok", "timeout", "ok"]
+
+
+def test_rounds_run_every_point_before_the_next_repeat_one_launch_per_placement_and_round(tmp_path):
+    configs = [tiny(tmp_path, nproc_per_node=p, seed=s, repeat=r, steps=6)
+               for r in range(2) for p in (1, 2) for s in (1, 2)]
+    res = run_sweep(list(reversed(configs)), progress=False, timeout_s=120)  # the order given does not matter
+    assert res.ok and res.launches == 4
+    rows = launches(configs[0])
+    assert [(row["placement"], row["n_ok"]) for row in rows] == [("1x2", 2), ("1x1", 2)] * 2
+    recs = sorted(res.records, key=lambda r: r["started_at"])
+    assert [r["repeat"] for r in recs] == [0] * 4 + [1] * 4
+    assert max(r["finished_at"] for r in recs if r["repeat"] == 0) <= min(r["started_at"] for r in recs
+                                                                            if r["repeat"] == 1)
+
+
+def test_peak_memory_is_each_runs_own_in_a_group(tmp_path):
+    big = tiny(tmp_path, nproc_per_node=1, seed=1, steps=6, n_train=4_000_000, global_batch=65536)
+    small = tiny(tmp_path, nproc_per_node=1, seed=2, steps=6)
+    res = run_sweep([big, small], progress=False, timeout_s=300)
+    assert res.ok and res.launches == 1
+    r = {x["run_key"]: x for x in res.records}
+    assert r[big.run_key()]["peak_mem_kind"] == r[small.run_key()]["peak_mem_kind"] == "cpu_peak_rss"
+    # 4M samples (48 MB of data) and a 65536 batch held by the first run are not the second run's peak
+    assert r[small.run_key()]["peak_mem_bytes"] < r[big.run_key()]["peak_mem_bytes"] - 40 * 2 ** 20
