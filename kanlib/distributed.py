@@ -261,6 +261,15 @@ def all_gather(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return out.view(info.world_size, *t.shape).cpu()
 
 
+def all_gather_objects(obj, info: DistInfo) -> list:
+    """Every rank's picklable ``obj`` in rank order (outside timed regions: it pickles and may sync the device)."""
+    if not info.distributed:
+        return [obj]
+    out = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def broadcast(t: torch.Tensor, info: DistInfo, src: int = 0) -> torch.Tensor:
     """Rank ``src``'s ``t`` on every rank (on the device); a CPU copy."""
     if not info.distributed:

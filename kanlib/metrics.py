@@ -10,6 +10,8 @@ Definitions (also in docs/measurement.md):
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import resource
 import sys
@@ -135,3 +137,159 @@ def summarize(values) -> dict:
         return {"median": float("nan"), "p10": float("nan"), "p90": float("nan")}
     return {"median": float(np.median(a)), "p10": float(np.percentile(a, 10)),
             "p90": float(np.percentile(a, 90))}
+
+
+# -- interference: what else ran where this process ran ------------------------------------------------
+_USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_jiffies() -> dict[int, tuple[int, int]]:
+    """Per CPU of ``/proc/stat``: (busy jiffies: user + nice + system + irq + softirq, steal jiffies)."""
+    out = {}
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if not line.startswith("cpu") or line.startswith("cpu "):
+                    continue
+                name, *vals = line.split()
+                v = [int(x) for x in vals] + [0] * 8
+                out[int(name[3:])] = (v[0] + v[1] + v[2] + v[5] + v[6], v[7])
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+def _threads_schedstat() -> tuple[int, int, int] | None:
+    """(ns on a CPU summed over this process's threads, ns its main thread waited runnable, ns all threads waited
+    runnable) from ``/proc/self/task/*/schedstat``; None where the kernel does not keep them."""
+    try:
+        on = wait_all = 0
+        main_wait = None
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    run_ns, wait_ns, _ = (int(x) for x in f.read().split()[:3])
+            except (OSError, ValueError):
+                continue
+            on += run_ns
+            wait_all += wait_ns
+            if int(tid) == os.getpid():
+                main_wait = wait_ns
+        return (on, main_wait or 0, wait_all) if main_wait is not None else None
+    except OSError:
+        return None
+
+
+class InterferenceProbe:
+    """What other processes took from the CPUs this process may run on, over a window (a run's measured steps).
+
+    :meth:`start` and :meth:`stop` sample ``/proc/stat``'s per-CPU counters (busy and steal jiffies), this
+    process's own CPU time and run-queue waits (``/proc/self/task/*/schedstat``, all threads), its involuntary
+    context switches (``getrusage``) and the 1-minute load average. :meth:`stop` returns this rank's sample;
+    :func:`combine_interference` turns every rank's into the record's fields. Where a counter is unreadable
+    (not Linux) its fields are None: unknown, not zero.
+    """
+
+    def __init__(self, device: torch.device | None = None):
+        self._a: dict | None = None
+        self.device = device
+
+    def _sample(self) -> dict:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        return {"t": time.monotonic(), "cpus": cpus, "jiffies": _cpu_jiffies(), "sched": _threads_schedstat(),
+                "nivcsw": resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw,
+                "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+    def start(self) -> None:
+        self._a = self._sample()
+
+    @property
+    def started(self) -> bool:
+        return self._a is not None
+
+    def stop(self) -> dict:
+        """This rank's window: seconds, its CPUs, each CPU's busy and steal seconds, its own CPU seconds, its main
+        thread's run-queue wait, involuntary switches, load at start and end, and its host."""
+        import socket
+
+        a, b = self._a, self._sample()
+        if a is None:
+            return {}
+        busy = {c: (b["jiffies"][c][0] - a["jiffies"][c][0]) / _USER_HZ for c in a["cpus"]
+                if c in a["jiffies"] and c in b["jiffies"]}
+        steal = {c: (b["jiffies"][c][1] - a["jiffies"][c][1]) / _USER_HZ for c in busy}
+        sched = (None if a["sched"] is None or b["sched"] is None
+                 else [(y - x) / 1e9 for x, y in zip(a["sched"], b["sched"])])
+        out = {"host": socket.gethostname(), "window_s": b["t"] - a["t"], "cpus": list(busy), "busy_s": busy,
+               "steal_s": steal, "own_cpu_s": sched[0] if sched else None,
+               "main_wait_s": sched[1] if sched else None, "nivcsw": b["nivcsw"] - a["nivcsw"],
+               "load_start": a["load"], "load_end": b["load"]}
+        if self.device is not None and self.device.type == "cuda":
+            out.update(gpu_interference(self.device))
+        return out
+
+
+def gpu_interference(device: torch.device) -> dict:
+    """Other processes on this rank's GPU and the driver's clock-throttle reasons now, through NVML (``pynvml``)
+    where it is installed; ``None`` (unknown) where it is not or the driver does not say."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)  # NVML's index; CUDA_VISIBLE_DEVICES may reorder them
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        others = len({p.pid for p in procs} - {os.getpid()})
+        reasons = int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+        idle = getattr(pynvml, "nvmlClocksThrottleReasonGpuIdle", 1)
+        app = getattr(pynvml, "nvmlClocksThrottleReasonApplicationsClocksSetting", 2)
+        return {"gpu_other_processes": others, "gpu_throttle_reasons": reasons & ~(idle | app)}
+    except Exception:  # noqa: BLE001 - no pynvml, no driver support: unknown, not zero
+        return {"gpu_other_processes": None, "gpu_throttle_reasons": None}
+
+
+def combine_interference(per_rank: list[dict]) -> dict:
+    """The record's interference fields from every rank's :meth:`InterferenceProbe.stop`.
+
+    Ranks of one host whose CPU sets overlap (unpinned ranks) are taken together: other processes' CPU time on
+    their CPUs is the CPUs' busy time minus all those ranks' own. ``foreign_cpu_frac`` is that over the window's
+    CPU time (window x CPUs), the largest over hosts and CPU sets; ``steal_frac`` the same for steal time;
+    ``runqueue_wait_frac`` the largest share of the window any rank's training thread waited runnable.
+    """
+    gpu = _gpu_fields(per_rank)
+    ranks = [r for r in per_rank if r and r.get("busy_s")]
+    if not ranks or any(r.get("own_cpu_s") is None for r in ranks):
+        return {**gpu, "foreign_cpu_frac": None, "steal_frac": None, "runqueue_wait_frac": None,
+                "involuntary_switches": max((r["nivcsw"] for r in per_rank if r), default=None),
+                "load_1m_start": per_rank[0].get("load_start") if per_rank and per_rank[0] else None,
+                "load_1m_end": per_rank[0].get("load_end") if per_rank and per_rank[0] else None,
+                "interference_window_s": None}
+    groups: list[list[dict]] = []
+    for r in ranks:  # connected components of overlapping CPU sets on one host
+        joined = [g for g in groups if g[0]["host"] == r["host"] and any(set(r["cpus"]) & set(x["cpus"]) for x in g)]
+        merged = [r] + [x for g in joined for x in g]
+        groups = [g for g in groups if g not in joined] + [merged]
+    foreign, steal = [], []
+    for g in groups:
+        cpus = sorted({c for r in g for c in r["cpus"]})
+        busy = sum(max(r["busy_s"].get(c, 0.0) for r in g) for c in cpus)
+        stolen = sum(max(r["steal_s"].get(c, 0.0) for r in g) for c in cpus)
+        capacity = max(r["window_s"] for r in g) * len(cpus)
+        if capacity > 0:
+            foreign.append(max(0.0, busy - sum(r["own_cpu_s"] for r in g)) / capacity)
+            steal.append(stolen / capacity)
+    return {**gpu, "foreign_cpu_frac": max(foreign) if foreign else None, "steal_frac": max(steal) if steal else None,
+            "runqueue_wait_frac": max(r["main_wait_s"] / r["window_s"] for r in ranks if r["window_s"] > 0),
+            "involuntary_switches": max(r["nivcsw"] for r in ranks),
+            "load_1m_start": ranks[0]["load_start"], "load_1m_end": ranks[0]["load_end"],
+            "interference_window_s": max(r["window_s"] for r in ranks)}
+
+
+def _gpu_fields(per_rank: list[dict]) -> dict:
+    """The most other processes any rank's GPU had, and every throttle reason any reported (OR); None if unknown."""
+    others = [r.get("gpu_other_processes") for r in per_rank if r]
+    reasons = [r.get("gpu_throttle_reasons") for r in per_rank if r]
+    known_o = [o for o in others if o is not None]
+    known_r = [x for x in reasons if x is not None]
+    return {"gpu_other_processes": max(known_o) if known_o else None,
+            "gpu_throttle_reasons": int(functools.reduce(operator.or_, known_r, 0)) if known_r else None}

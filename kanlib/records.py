@@ -338,6 +338,31 @@ class RunRecord:
     n_skipped_steps: int = field(default=0, metadata=_doc("steps whose update was skipped on every rank for a "
                                                            "non-finite loss (`nan_policy=skip`)"))
     n_grid_updates: int = field(default=0, metadata=_doc("grid refits of this attempt (`grid_update_every`)"))
+    foreign_cpu_frac: float | None = field(default=None, metadata=_doc(
+        "share of the CPU time of the CPUs the ranks ran on that other processes took during the measured steps "
+        "(`/proc/stat` busy time minus the ranks' own; the largest over hosts and sets of CPUs; 0 quiet, 1 another "
+        "process had them whole; null where unreadable; docs/measurement.md)"))
+    steal_frac: float | None = field(default=None, metadata=_doc(
+        "share of that CPU time the hypervisor gave to other guests (steal), the same way"))
+    runqueue_wait_frac: float | None = field(default=None, metadata=_doc(
+        "largest share of the measured window any rank's training thread waited runnable for a CPU "
+        "(`/proc/self/task/*/schedstat`)"))
+    involuntary_switches: int | None = field(default=None, metadata=_doc(
+        "largest number of involuntary context switches of any rank's process during the measured steps"))
+    load_1m_start: float | None = field(default=None, metadata=_doc("1-minute load average when the measured steps "
+                                                                    "began (rank 0's host)"))
+    load_1m_end: float | None = field(default=None, metadata=_doc("1-minute load average when they ended"))
+    interference_window_s: float | None = field(default=None, metadata=_doc(
+        "wall seconds the interference counters covered (the measured steps, evaluations included)"))
+    gpu_other_processes: int | None = field(default=None, metadata=_doc(
+        "CUDA: most other processes any rank's GPU ran (NVML through pynvml; null when unknown, and on CPU)"))
+    gpu_throttle_reasons: int | None = field(default=None, metadata=_doc(
+        "CUDA: NVML clock-throttle reasons any rank's GPU reported at the end (bit mask, idle and application-clock "
+        "bits cleared; 0 none; null when unknown)"))
+    earlier_attempts: list | None = field(default=None, metadata=_doc(
+        "earlier complete attempts of this run that were set aside (a disturbed run rerun by the sweep): each "
+        "`{run_id, step_time_s, foreign_cpu_frac, runqueue_wait_frac, disturbed}`; their records are kept in "
+        "`attempts/`"))
 
     def to_dict(self) -> dict:
         """The flat JSON object of ``record.json``."""
@@ -347,6 +372,77 @@ class RunRecord:
             if f.name not in ("provenance", "config"):
                 out[f.name] = getattr(self, f.name)
         return out
+
+
+# -- interference: when a run's machine was busy ------------------------------------------------------------
+ATTEMPTS_DIR = "attempts"
+DISTURBED_FOREIGN_CPU_FRAC = 0.10
+"""A run is disturbed when other processes took more than this share of its CPUs' time during its measured steps."""
+DISTURBED_RUNQUEUE_WAIT_FRAC = 0.10
+"""... or any rank's training thread waited runnable for a CPU more than this share of the measured window."""
+MIN_INTERFERENCE_CPU_S = 0.5
+"""The per-CPU counters tick every 10 ms: below this much window x CPUs their share is too coarse to judge."""
+
+
+def disturbance(rec: dict) -> str:
+    """Why the run of record ``rec`` counts as disturbed (docs/measurement.md), or '' when it was not (or cannot
+    be told: unknown is not disturbed, and the record says unknown with nulls)."""
+    why = []
+    foreign, wait = rec.get("foreign_cpu_frac"), rec.get("runqueue_wait_frac")
+    window = rec.get("interference_window_s") or 0.0
+    n_cpus = max(1, int(rec.get("world_size") or 1) * int(rec.get("threads") or 1))
+    if _finite(foreign) and foreign > DISTURBED_FOREIGN_CPU_FRAC and window * n_cpus >= MIN_INTERFERENCE_CPU_S:
+        why.append(f"other processes took {foreign:.0%} of its CPUs")
+    if _finite(wait) and wait > DISTURBED_RUNQUEUE_WAIT_FRAC:
+        why.append(f"a training thread waited for a CPU {wait:.0%} of the time")
+    if rec.get("gpu_other_processes"):
+        why.append(f"{rec['gpu_other_processes']} other process(es) on its GPU")
+    if rec.get("gpu_throttle_reasons"):
+        why.append(f"GPU clocks throttled (NVML reasons {rec['gpu_throttle_reasons']:#x})")
+    return "; ".join(why)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def set_aside(run_dir: str) -> str | None:
+    """Move a complete attempt's record (and its per-step rows) into ``<run_dir>/attempts/`` so the run can run
+    again; returns the kept record's path, or None when there is no record."""
+    path = os.path.join(run_dir, RECORD_NAME)
+    try:
+        rec = read_record(path)
+    except RecordError:
+        return None
+    keep = os.path.join(run_dir, ATTEMPTS_DIR)
+    os.makedirs(keep, exist_ok=True)
+    rid = rec.get("run_id") or new_run_id()
+    steps = os.path.join(run_dir, STEPS_NAME)
+    if os.path.exists(steps):
+        os.replace(steps, os.path.join(keep, f"{rid}.steps.csv"))
+    dest = os.path.join(keep, f"{rid}.json")
+    os.replace(path, dest)
+    return dest
+
+
+def earlier_attempts(run_dir: str) -> list | None:
+    """Summaries of the attempts :func:`set_aside` kept for this run (oldest first), or None when there are none."""
+    keep = os.path.join(run_dir, ATTEMPTS_DIR)
+    if not os.path.isdir(keep):
+        return None
+    out = []
+    for name in sorted(os.listdir(keep)):
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(keep, name)) as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            continue
+        out.append({"run_id": rec.get("run_id"), "step_time_s": rec.get("step_time_s"),
+                    "foreign_cpu_frac": rec.get("foreign_cpu_frac"), "runqueue_wait_frac": rec.get("runqueue_wait_frac"),
+                    "disturbed": disturbance(rec)})
+    return out or None
 
 
 MEASUREMENT_FIELDS = [f.name for f in fields(RunRecord) if f.name not in ("provenance", "config")]
@@ -363,7 +459,8 @@ class ManifestRow:
     launcher: str = field(default="local", metadata=_doc("`local`, `multinode` or `slurm`"))
     run_dir: str = field(default="", metadata=_doc("the run's folder"))
     status: str = field(default="failed", metadata=_doc(
-        "`ok`, `failed`, `timeout` (the runner's deadline passed) or `preempted` (SIGTERM; a checkpoint was saved)"))
+        "`ok`, `failed`, `timeout` (the runner's deadline passed), `preempted` (SIGTERM; a checkpoint was saved) or "
+        "`disturbed` (an ok attempt whose machine was busy, set aside into `attempts/` to run again; `error` says why)"))
     exit_code: int | None = field(default=None, metadata=_doc("the launcher's exit code; null for a timeout or a "
                                                                "config refused before launch"))
     error: str = field(default="", metadata=_doc("the root cause: the first error line of the failing rank, a signal "
@@ -397,7 +494,7 @@ class LaunchRow:
     status: str = field(default="ok", metadata=_doc("`ok` (the row is complete)"))
 
 
-MANIFEST_STATUSES = ("ok", "failed", "timeout", "preempted")
+MANIFEST_STATUSES = ("ok", "failed", "timeout", "preempted", "disturbed")
 
 
 def manifest_path(out_dir: str, study: str) -> str:

@@ -36,8 +36,8 @@ from kanlib import checkpoint, distributed, faults, hooks, records  # noqa: E402
 from kanlib.config import RunConfig  # noqa: E402
 from kanlib.data import make_dataset  # noqa: E402
 from kanlib.distributed import AsyncFlag, DistInfo  # noqa: E402
-from kanlib.metrics import (PhaseClock, device_memory, model_state_bytes, peak_memory_bytes,  # noqa: E402
-                            reset_peak_memory, summarize)
+from kanlib.metrics import (InterferenceProbe, PhaseClock, combine_interference, device_memory,  # noqa: E402
+                            model_state_bytes, peak_memory_bytes, reset_peak_memory, summarize)
 from kanlib.model import build_model, compile_seconds, count_params, kernel_paths, update_grid_distributed  # noqa: E402
 from kanlib.records import RunRecord, StepRow  # noqa: E402
 
@@ -85,6 +85,7 @@ class Run:
     clock: PhaseClock | None = None
     autocast: object = None
     group: distributed.Group | None = None
+    probe: InterferenceProbe | None = None  # what else ran on this rank's CPUs (and GPU) over the measured steps
     compile_before: float = 0.0  # seconds this process had spent compiling before the run (compile_s is the rest)
 
 
@@ -161,7 +162,7 @@ def start_or_resume(cfg: RunConfig, group: distributed.Group) -> Run:
     return Run(cfg, info, run_dir, model, module, optimizer, n_opt_states, data, comm, AsyncFlag(info), writer,
                start_step, measure_from, attempt, started_at, faults=faults.active(cfg.run_key()),
                params=list(model.parameters()), clock=PhaseClock(info.device), autocast=autocast, group=group,
-               compile_before=compile_before)
+               compile_before=compile_before, probe=InterferenceProbe(info.device))
 
 
 def wrap(model: torch.nn.Module, cfg: RunConfig, info: DistInfo):
@@ -237,6 +238,8 @@ def train_step(run: Run, step: int, sigterm: distributed.StopRequest) -> StepRow
     lr = learning_rate(cfg, step)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
+    if step == run.measure_from:
+        run.probe.start()  # the interference window is the measured steps
     clock = run.clock
     clock.start()
     k = cfg.grad_accum_steps
@@ -455,8 +458,10 @@ def finish(run: Run) -> RunRecord | None:
     the losses are finite, evaluate, and (rank 0) write ``model.pt`` and ``record.json``."""
     cfg, info = run.cfg, run.info
     _close_step(run)
+    mine = run.probe.stop() if run.probe.started else {}
     if run.writer is not None:
         run.writer.close()
+    interference = combine_interference(distributed.all_gather_objects(mine, info))
     combined = _combine_steps(run)  # {field: (steps,)}, each combined over ranks by its rule
     if cfg.comm_hook != "noop" and cfg.parallelism == "ddp":  # without the network replicas drift apart
         _check_replicas_agree(run.model, info)
@@ -515,7 +520,8 @@ def finish(run: Run) -> RunRecord | None:
         final_train_loss=float(combined["loss"][-1]), final_val_loss=final["val_loss"],
         final_val_accuracy=final["val_accuracy"], chance_accuracy=run.data.chance_accuracy,
         resumed_from_step=run.start_step, attempt=run.attempt, n_skipped_steps=run.n_skipped,
-        n_grid_updates=run.n_grid_updates, **target)
+        n_grid_updates=run.n_grid_updates, earlier_attempts=records.earlier_attempts(run.run_dir),
+        **interference, **target)
     records.atomic_write_json(os.path.join(run.run_dir, records.RECORD_NAME), rec)
     checkpoint.remove_all(run.run_dir)  # complete: model.pt holds the final parameters
     return rec

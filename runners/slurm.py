@@ -441,7 +441,8 @@ class AllocationJob(SlurmJob):
 
 
 def run_sweep_in_allocation(configs: list, *, launcher_opts: dict | None = None, timeout_s: float | None = None,
-                            skip_done: bool = True, max_restarts: int = 0, stream_output: bool = False):
+                            skip_done: bool = True, max_restarts: int = 0, stream_output: bool = False,
+                            rerun_disturbed: bool = True):
     """Run a sweep as one SLURM batch job: the job's script runs ``python -m runners.sweep --sweep=FILE`` on its
     first node, which runs the worker groups as job steps of the allocation (each placement on as many of its
     nodes as it needs). Follows the job's log to its end and returns a :class:`runners.sweep.SweepResult` from
@@ -479,7 +480,7 @@ def run_sweep_in_allocation(configs: list, *, launcher_opts: dict | None = None,
         return result
     os.makedirs(folder, exist_ok=True)
     write_sweep(sweep_file, todo, launcher="slurm", launcher_opts=step_opts, timeout_s=timeout_s,
-                skip_done=skip_done, max_restarts=max_restarts)
+                skip_done=skip_done, max_restarts=max_restarts, rerun_disturbed=rerun_disturbed)
     before = {c.run_key(): read_record(c) for c in todo}
     _follow_allocation(job, echo=None if stream_output else False)
     return _collect(todo, before, job, result)

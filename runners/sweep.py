@@ -23,11 +23,13 @@ job per run).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
 
+from kanlib import records
 from kanlib.config import ConfigError
 from runners.command import check_environment
 from runners.group import groups_of, run_group
@@ -52,6 +54,8 @@ class SweepResult:
     failures: list[tuple[object, str]] = field(default_factory=list)
     skipped: int = 0
     launches: int = 0  # worker-group launches the sweep made
+    rerun: int = 0  # runs run again because their first attempt was disturbed
+    disturbed: int = 0  # records that still say the machine was busy (kept, flagged)
 
     @property
     def ok(self) -> bool:
@@ -64,12 +68,15 @@ class SweepInterrupted(KeyboardInterrupt):
 
 def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | None = None,
               timeout_s: float | None = None, skip_done: bool = True, progress: bool = True,
-              stream_output: bool = False, max_restarts: int = 0) -> SweepResult:
+              stream_output: bool = False, max_restarts: int = 0, rerun_disturbed: bool = True) -> SweepResult:
     """Run each config (skipping those with an ok record already, when ``skip_done``), round by round in worker
     groups, carry on past failures, and report them at the end. ``stream_output`` echoes the runs' output to
     stdout. ``timeout_s`` is each run's deadline (a launch's first run counts its start-up); ``max_restarts`` is
-    passed to torchrun. SIGTERM to the sweep (or Ctrl-C) stops the run in flight gracefully (it checkpoints and
-    is recorded as preempted) and raises :class:`SweepInterrupted` (KeyboardInterrupt for Ctrl-C)."""
+    passed to torchrun. ``rerun_disturbed``: a run this sweep ran whose machine was busy during its measured steps
+    (:func:`kanlib.records.disturbance`) is run once more at the end of its round; its first record is kept in
+    ``<run_dir>/attempts/`` and named by the new one (``earlier_attempts``). SIGTERM to the sweep (or Ctrl-C)
+    stops the run in flight gracefully (it checkpoints and is recorded as preempted) and raises
+    :class:`SweepInterrupted` (KeyboardInterrupt for Ctrl-C)."""
     from tqdm.auto import tqdm
 
     opts = dict(launcher_opts or {})
@@ -78,7 +85,8 @@ def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | N
 
         if not inside_allocation():
             return run_sweep_in_allocation(configs, launcher_opts=opts, timeout_s=timeout_s, skip_done=skip_done,
-                                           max_restarts=max_restarts, stream_output=stream_output)
+                                           max_restarts=max_restarts, stream_output=stream_output,
+                                           rerun_disturbed=rerun_disturbed)
     t0 = time.monotonic()
     sweep = _Sweep(launcher, opts, timeout_s, None if stream_output else False, max_restarts)
     with _sigterm_interrupts(), sweep:
@@ -88,11 +96,15 @@ def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | N
         for _, round_cfgs in _rounds(sweep.refuse(todo)):
             for group in groups_of(round_cfgs):
                 sweep.run(group)
+            if rerun_disturbed:
+                sweep.rerun_disturbed(round_cfgs)
         sweep.run_deferred()
         sweep.bar.close()
     result = sweep.result(configs)
     print(f"sweep: {len(result.records)} ok ({result.skipped} already done), {len(result.failures)} failed, "
-          f"{sweep.launches} launches, {time.monotonic() - t0:.1f} s")
+          f"{sweep.launches} launches, {time.monotonic() - t0:.1f} s"
+          + (f"; {result.rerun} disturbed run(s) run again, {result.disturbed} still disturbed"
+             if result.rerun or result.disturbed else ""))
     for cfg, msg in result.failures:
         print(f"FAILED {cfg.run_key()}: {msg.splitlines()[0]}")
     return result
@@ -110,6 +122,7 @@ class _Sweep:
         self.deferred: list = []
         self.skipped = 0
         self.launches = 0
+        self.rerun: set[str] = set()  # run keys run again for a disturbed first attempt
         self.bar = None
 
     def __enter__(self):
@@ -177,6 +190,29 @@ class _Sweep:
             else:
                 self.failures[out.cfg.run_key()] = f"{out.status}: {out.error or out.message.splitlines()[0]}"
 
+    def rerun_disturbed(self, configs: list) -> None:
+        """Run once more, at the end of their round, the runs of ``configs`` this sweep ran whose record says the
+        machine was busy (kanlib.records.disturbance); the disturbed record is kept in ``attempts/``."""
+        again = []
+        for cfg in configs:
+            rec = self.records.get(cfg.run_key())
+            if rec is None or cfg.run_key() in self.rerun or not records.disturbance(rec):
+                continue
+            why = records.disturbance(rec)
+            records.set_aside(cfg.run_dir())
+            records.append_manifest(records.manifest_path(cfg.out_dir, cfg.study), records.ManifestRow(
+                run_key=cfg.run_key(), study=cfg.study, world_size=cfg.world_size, placement=cfg.placement,
+                launcher=rec.get("launcher", ""), run_dir=cfg.run_dir(), status="disturbed", error=why,
+                attempt_at=records.now_iso(), pid=os.getpid(), launch_id=rec.get("launch_id", "")))
+            self.records.pop(cfg.run_key())
+            self.rerun.add(cfg.run_key())
+            again.append(cfg)
+        if self.bar is not None and again:
+            self.bar.total += len(again)
+            self.bar.refresh()
+        for group in groups_of(again):
+            self.run(group)
+
     def _ended(self, cfg) -> None:
         lock = self.locks.pop(cfg.run_key(), None)
         if lock is not None:
@@ -205,7 +241,7 @@ class _Sweep:
             self.run(group)
 
     def result(self, configs: list) -> SweepResult:
-        res = SweepResult(skipped=self.skipped, launches=self.launches)
+        res = SweepResult(skipped=self.skipped, launches=self.launches, rerun=len(self.rerun))
         seen = set()
         for cfg in configs:
             key = cfg.run_key()
@@ -214,6 +250,7 @@ class _Sweep:
             seen.add(key)
             if key in self.records:
                 res.records.append(self.records[key])
+                res.disturbed += bool(records.disturbance(self.records[key]))
             elif key in self.failures:
                 res.failures.append((cfg, self.failures[key]))
         return res

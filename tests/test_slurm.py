@@ -320,7 +320,7 @@ def test_a_sweep_is_one_allocation_whose_steps_are_the_worker_groups(slurm_clust
 
     configs = [tiny(tmp_path, nnodes=n, nproc_per_node=1, seed=s) for n in (1, 2) for s in (1, 2, 3)]
     res = run_sweep(configs, launcher="slurm", launcher_opts={"time_limit": "00:10:00"}, timeout_s=120,
-                    progress=False)
+                    progress=False, rerun_disturbed=False)
     assert res.ok and len(res.records) == 6, res.failures
     assert len({r["slurm_job_id"] for r in res.records}) == 1  # one batch job
     assert {r["slurm_nodelist"] for r in res.records} == {"n[1-2]"}
@@ -335,5 +335,6 @@ def test_a_sweep_is_one_allocation_whose_steps_are_the_worker_groups(slurm_clust
     [alloc] = glob.glob(os.path.join(str(tmp_path), "slurm", "allocations", "*"))
     assert os.path.exists(os.path.join(alloc, "allocation.sbatch")) and os.path.exists(os.path.join(alloc, "sweep.json"))
     # a second sweep submits nothing: every run is done
-    again = run_sweep(configs, launcher="slurm", launcher_opts={"time_limit": "00:10:00"}, progress=False)
+    again = run_sweep(configs, launcher="slurm", launcher_opts={"time_limit": "00:10:00"}, progress=False,
+                      rerun_disturbed=False)
     assert again.skipped == 6 and len(glob.glob(os.path.join(str(tmp_path), "slurm", "allocations", "*"))) == 1

@@ -66,7 +66,7 @@ def test_exposed_communication_on_two_gloo_processes(tmp_path):
     base = RunConfig(widths=(2, 64, 64, 1), global_batch=128, steps=25, warmup_steps=5, n_train=2048, kan_impl="fast",
                      out_dir=str(tmp_path))
     cfgs = studies.communication([2], base, bucket_caps_mb=[0.05, 25.0])
-    res = run_sweep(cfgs, progress=False)
+    res = run_sweep(cfgs, progress=False, rerun_disturbed=False)
     assert res.ok, res.failures
     df = results.load_records(str(tmp_path))
     timed = df[df["comm_hook"] == "timed"].set_index("bucket_cap_mb")

@@ -27,7 +27,7 @@ def test_one_failing_member_of_three(tmp_path):
     configs = [tiny(tmp_path, steps=10, seed=1),
                tiny(tmp_path, steps=10, seed=2, optimizer="sgd", lr=1e12),
                tiny(tmp_path, steps=10, seed=3)]
-    res = run_sweep(configs, progress=False, timeout_s=120)
+    res = run_sweep(configs, progress=False, rerun_disturbed=False, timeout_s=120)
     assert len(res.records) == 2 and not res.ok
     [(cfg, msg)] = res.failures
     assert cfg is configs[1] and msg.startswith("failed: kanlib.train.NonFiniteLoss: non-finite loss at step")
@@ -35,7 +35,7 @@ def test_one_failing_member_of_three(tmp_path):
     assert [(r["run_key"], r["status"]) for r in rows] == [
         (configs[0].run_key(), "ok"), (configs[1].run_key(), "failed"), (configs[2].run_key(), "ok")]
     # A second pass runs only the failed one again.
-    res2 = run_sweep(configs, progress=False, timeout_s=120)
+    res2 = run_sweep(configs, progress=False, rerun_disturbed=False, timeout_s=120)
     assert res2.skipped == 2 and len(res2.failures) == 1
     assert [r["status"] for r in manifest_rows(configs[0])] == ["ok", "failed", "ok", "failed"]
 
@@ -46,7 +46,7 @@ SWEEP_SCRIPT = textwrap.dedent("""
     from runhelp import tiny
     from runners.sweep import run_sweep
     configs = [tiny({out!r}, steps=s, seed=i, checkpoint_every=5) for i, s in enumerate([10, 400])]
-    run_sweep(configs, progress=False, timeout_s=120)
+    run_sweep(configs, progress=False, rerun_disturbed=False, timeout_s=120)
 """)
 
 
@@ -82,7 +82,7 @@ def test_killed_sweep_resumes_only_what_is_missing(tmp_path, sig):
     assert os.path.exists(os.path.join(configs[1].run_dir(), "preempted.json"))
     assert not os.path.exists(os.path.join(configs[1].run_dir(), records.RECORD_NAME))
 
-    res = run_sweep(configs, progress=False, timeout_s=120)
+    res = run_sweep(configs, progress=False, rerun_disturbed=False, timeout_s=120)
     assert res.ok and res.skipped == 1 and len(res.records) == 2
     rows = [(r["run_key"], r["status"]) for r in manifest_rows(configs[0])]
     assert rows == [(configs[0].run_key(), "ok")] + interrupted + [(configs[1].run_key(), "ok")]
@@ -178,7 +178,7 @@ SWEEP_OF_TWO = textwrap.dedent("""
     from runhelp import tiny
     from runners.sweep import run_sweep
     configs = [tiny({out!r}, steps=s, seed=i) for i, s in enumerate([4000, 10])]
-    res = run_sweep(configs, progress=False, timeout_s=120)
+    res = run_sweep(configs, progress=False, rerun_disturbed=False, timeout_s=120)
     print("RESULT", len(res.records), len(res.failures), flush=True)
 """)
 
@@ -245,7 +245,7 @@ CONCURRENT = textwrap.dedent("""
     from runhelp import tiny
     from runners.sweep import run_sweep
     configs = [tiny({out!r}, steps=60, seed=i) for i in range(3)]
-    res = run_sweep(configs, progress=False, timeout_s=120)
+    res = run_sweep(configs, progress=False, rerun_disturbed=False, timeout_s=120)
     print("RESULT", len(res.records), res.skipped, len(res.failures), flush=True)
 """)
 

@@ -30,11 +30,11 @@ def test_a_run_in_a_reused_group_equals_a_run_in_a_fresh_process(tmp_path):
     # the compiled default kernel: the second run of the group reuses what the first traced
     kw = dict(nproc_per_node=1, kan_impl="compiled", steps=12)
     first, second = tiny(tmp_path / "group", seed=1, **kw), tiny(tmp_path / "group", seed=2, lr=3e-3, **kw)
-    res = run_sweep([first, second], progress=False, timeout_s=300)
+    res = run_sweep([first, second], progress=False, rerun_disturbed=False, timeout_s=300)
     assert res.ok and res.launches == 1
     by_key = {r["run_key"]: r for r in res.records}
     alone = tiny(tmp_path / "alone", seed=2, lr=3e-3, **kw)
-    solo = run_sweep([alone], progress=False, timeout_s=300).records[0]
+    solo = run_sweep([alone], progress=False, rerun_disturbed=False, timeout_s=300).records[0]
     grouped = by_key[second.run_key()]
     assert grouped["runs_before_in_launch"] == 1 and solo["runs_before_in_launch"] == 0
     assert grouped["launch_id"] == by_key[first.run_key()]["launch_id"] != solo["launch_id"]
@@ -50,7 +50,7 @@ def test_a_failing_run_fails_alone_and_a_fresh_group_carries_on(tmp_path, monkey
     a, b, c = (tiny(tmp_path, seed=s, steps=10) for s in (1, 2, 3))
     marker = b.run_key()[-10:]
     monkeypatch.setenv("KANLIB_FAULT", f"{fault}#{marker}")
-    res = run_sweep([a, b, c], progress=False, timeout_s=120)
+    res = run_sweep([a, b, c], progress=False, rerun_disturbed=False, timeout_s=120)
     assert [cfg.run_key() for cfg, _ in res.failures] == [b.run_key()]
     why = res.failures[0][1]
     expected = {"raise": "InjectedFault", "kill": "killed by SIGKILL", "hang": "Timed out"}[fault.split("@")[0]]
@@ -71,7 +71,7 @@ def test_a_group_killed_between_two_runs_loses_nothing_and_a_fresh_group_carries
     a, b, c = (tiny(tmp_path, seed=s, steps=10) for s in (1, 2, 3))
     # rank 0 is SIGKILLed after run a, before run b begins: the launch dies between two runs
     monkeypatch.setenv("KANLIB_FAULT", f"kill@0:-1#{b.run_key()[-10:]}")
-    res = run_sweep([a, b, c], progress=False, timeout_s=120)
+    res = run_sweep([a, b, c], progress=False, rerun_disturbed=False, timeout_s=120)
     assert res.ok and len(res.records) == 3
     assert [(r["run_key"], r["status"]) for r in manifest_rows(a)] == [
         (a.run_key(), "ok"), (b.run_key(), "ok"), (c.run_key(), "ok")]
@@ -84,7 +84,7 @@ def test_a_group_killed_between_two_runs_loses_nothing_and_a_fresh_group_carries
 
 def test_a_run_past_its_deadline_times_out_alone(tmp_path):
     a, b, c = tiny(tmp_path, seed=1, steps=10), tiny(tmp_path, seed=2, steps=10 ** 6), tiny(tmp_path, seed=3, steps=10)
-    res = run_sweep([a, b, c], progress=False, timeout_s=30)
+    res = run_sweep([a, b, c], progress=False, rerun_disturbed=False, timeout_s=30)
     assert [(cfg.run_key(), msg.split(":")[0]) for cfg, msg in res.failures] == [(b.run_key(), "timeout")]
     assert {r["run_key"] for r in res.records} == {a.run_key(), c.run_key()}
     assert [r["status"] for r in manifest_rows(a)] == ["ok", "timeout", "ok"]
@@ -93,7 +93,8 @@ def test_a_run_past_its_deadline_times_out_alone(tmp_path):
 def test_rounds_run_every_point_before_the_next_repeat_one_launch_per_placement_and_round(tmp_path):
     configs = [tiny(tmp_path, nproc_per_node=p, seed=s, repeat=r, steps=6)
                for r in range(2) for p in (1, 2) for s in (1, 2)]
-    res = run_sweep(list(reversed(configs)), progress=False, timeout_s=120)  # the order given does not matter
+    res = run_sweep(list(reversed(configs)), progress=False, rerun_disturbed=False,  # the order given does not matter
+                    timeout_s=120)
     assert res.ok and res.launches == 4
     rows = launches(configs[0])
     assert [(row["placement"], row["n_ok"]) for row in rows] == [("1x2", 2), ("1x1", 2)] * 2
@@ -106,7 +107,7 @@ def test_rounds_run_every_point_before_the_next_repeat_one_launch_per_placement_
 def test_peak_memory_is_each_runs_own_in_a_group(tmp_path):
     big = tiny(tmp_path, nproc_per_node=1, seed=1, steps=6, n_train=4_000_000, global_batch=65536)
     small = tiny(tmp_path, nproc_per_node=1, seed=2, steps=6)
-    res = run_sweep([big, small], progress=False, timeout_s=300)
+    res = run_sweep([big, small], progress=False, rerun_disturbed=False, timeout_s=300)
     assert res.ok and res.launches == 1
     r = {x["run_key"]: x for x in res.records}
     assert r[big.run_key()]["peak_mem_kind"] == r[small.run_key()]["peak_mem_kind"] == "cpu_peak_rss"
