@@ -49,9 +49,18 @@ LAB_ARGS ?=
 notebooks: $(STAMP)
 	$(PY) -m runners.notebook ipynb
 
+# A parameter set that launches through SLURM (its launch.yaml says launcher: slurm) runs as one allocation:
+# outside one, make study submits one batch job that runs make study on its first node, where every sweep's worker
+# groups are job steps; inside one (salloc, then make study) it runs here. Every study starts with a look at the
+# machine (runners/preflight.py, kept in OUT/preflight/).
 study: notebooks
 	@out="$(OUT)"; case "$$out" in /*) ;; *) out="$$PWD/$$out";; esac; \
 	mkdir -p "$$out/notebooks" || exit 1; \
+	if [ -n "$(PARAMS_SET)" ] && [ -z "$$SLURM_JOB_ID" ] && $(PY) -m runners.slurm uses-slurm "notebooks/params/$(PARAMS_SET)"; then \
+	  exec $(PY) -m runners.slurm study "notebooks/params/$(PARAMS_SET)" "$$out" -- \
+	    study PARAMS_SET="$(PARAMS_SET)" OUT="$$out" VENV="$(VENV)" PYTHON="$(PYTHON)"; \
+	fi; \
+	$(PY) -m runners.preflight "$$out" || exit 1; \
 	for nb in $(NOTEBOOKS); do \
 	  echo "== $$nb"; \
 	  set -- ; \

@@ -27,7 +27,8 @@ def make_job(cfg, launcher: str, launcher_opts: dict | None = None, max_restarts
     """The :class:`Job` that runs ``cfg`` with ``launcher`` (``launcher_opts`` are its settings); with ``plan``,
     the worker group that runs that plan (kanlib.worker) at ``cfg``'s placement. ``slurm`` inside an allocation
     (``SLURM_JOB_ID`` set) runs the group as a job step; outside, as a batch job of its own."""
-    opts = {k: v for k, v in (launcher_opts or {}).items() if k not in ("mode",)}
+    # keys that size an allocation (runners.slurm), not one launch
+    opts = {k: v for k, v in (launcher_opts or {}).items() if k not in ("mode", "nodes", "study_time_limit")}
     if launcher == "slurm":
         from runners.slurm import SlurmJob, SrunJob, inside_allocation
 

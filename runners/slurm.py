@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shlex
@@ -528,6 +529,80 @@ def _collect(configs: list, before: dict, job: "AllocationJob", result):
     return result
 
 
+# -- one allocation for a whole study (make study PARAMS_SET=gpu_cluster) --------------------------------------
+def params_set(folder: str) -> tuple[dict, int]:
+    """A parameter set's ``launch.yaml`` values and the most nodes any placement of its notebooks asks for
+    (every ``"NxP"`` list, and ``world_sizes`` over ``procs_per_node``)."""
+    import yaml
+
+    from kanlib.config import parse_placement
+
+    launch, most = {}, 1
+    for path in sorted(glob.glob(os.path.join(folder, "*.yaml"))):
+        with open(path) as f:
+            values = yaml.safe_load(f) or {}
+        if os.path.basename(path) == "launch.yaml":
+            launch = values
+        for key, v in values.items():
+            if isinstance(v, list) and v and all(isinstance(x, str) and re.fullmatch(r"\s*\d+\s*[xX]\s*\d+\s*", x)
+                                                 for x in v):
+                most = max([most] + [parse_placement(x)[0] for x in v])
+        ppn = values.get("procs_per_node") or 0
+        if ppn and values.get("world_sizes"):
+            most = max([most] + [-(-int(n) // int(ppn)) for n in values["world_sizes"]])
+    return launch, most
+
+
+def study_allocation(params_dir: str, out: str, make_args: list[str], *, dry_run: bool = False) -> int:
+    """Run ``make study`` inside one SLURM allocation: a batch job, sized for the parameter set's largest placement
+    (``launcher_opts.nodes`` overrides; ``launcher_opts.study_time_limit`` is the whole study's limit), whose script
+    runs ``make study ...`` on its first node; there every sweep finds itself inside the allocation and runs its
+    worker groups as job steps. Follows the job's log; returns its exit code (0 when it completed)."""
+    from kanlib.config import RunConfig
+
+    launch, most = params_set(params_dir)
+    opts = dict(launch.get("launcher_opts") or {})
+    nodes = opts.pop("nodes", None) or most
+    opts["time_limit"] = opts.pop("study_time_limit", None) or opts.get("time_limit", "04:00:00")
+    gpus = int(opts.get("gpus_per_node") or 0)
+    device = launch.get("device", "auto")
+    sizing = RunConfig(nnodes=nodes, nproc_per_node=max(1, gpus), threads=int(launch.get("threads", 1)),
+                       device="cuda" if gpus and device == "cuda" else "cpu", backend="gloo" if not gpus else "auto",
+                       global_batch=max(1, gpus) * nodes, out_dir=out, study="study")
+    site = {k: v for k, v in opts.items() if k in ALLOCATION_OPTS and k not in ("sbatch_args", "poll_s", "mode",
+                                                                               "dry_run", "nodes")}
+    script = allocation_script([sizing], ["make", *make_args], nodes=nodes,
+                               what=f"kanlib: make study ({os.path.basename(params_dir)}) in one allocation", **site)
+    folder = os.path.join(out, ALLOCATIONS_DIR, records.new_run_id())
+    job = AllocationJob(folder, script, sbatch_args=opts.get("sbatch_args", ()), poll_s=opts.get("poll_s", 2.0),
+                        label=f"make study {' '.join(make_args)}")
+    if dry_run:
+        sys.stdout.write(f"# {job.script_path}\n{script}\n$ {shlex.join(job.command())}\n")
+        return 0
+    os.makedirs(folder, exist_ok=True)
+    _follow_allocation(job, echo=None)
+    print(f"kanlib: {job.describe()} ended {job.state}; its log: {job.log_paths()[0]}")
+    return 0 if job.state in (None, "COMPLETED") else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m runners.slurm uses-slurm PARAMS_DIR`` exits 0 when the set launches through SLURM;
+    ``python -m runners.slurm study PARAMS_DIR OUT [--dry-run] -- MAKE_ARGS...`` runs make study in one
+    allocation (:func:`study_allocation`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["uses-slurm"] and len(argv) == 2:
+        launch, _ = params_set(argv[1])
+        return 0 if launch.get("launcher") == "slurm" else 1
+    if argv[:1] == ["study"] and "--" in argv:
+        head, make_args = argv[1:argv.index("--")], argv[argv.index("--") + 1:]
+        dry = "--dry-run" in head
+        head = [h for h in head if h != "--dry-run"]
+        if len(head) == 2:
+            return study_allocation(head[0], head[1], make_args, dry_run=dry)
+    raise SystemExit("usage: python -m runners.slurm uses-slurm PARAMS_DIR | "
+                     "python -m runners.slurm study PARAMS_DIR OUT [--dry-run] -- MAKE_ARGS...")
+
+
 def _job_info(job_id: str) -> dict | None:
     """``scontrol show job -o`` as a dict, or None when the controller no longer knows the job."""
     proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
@@ -585,3 +660,7 @@ def _render(template: str, values: dict[str, str]) -> str:
             continue
         out.append(re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], line))
     return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -338,3 +338,26 @@ def test_a_sweep_is_one_allocation_whose_steps_are_the_worker_groups(slurm_clust
     again = run_sweep(configs, launcher="slurm", launcher_opts={"time_limit": "00:10:00"}, progress=False,
                       rerun_disturbed=False)
     assert again.skipped == 6 and len(glob.glob(os.path.join(str(tmp_path), "slurm", "allocations", "*"))) == 1
+
+
+def test_make_study_on_a_slurm_parameter_set_is_one_allocation(tmp_path):
+    """make study PARAMS_SET=gpu_cluster outside an allocation submits one batch job, sized for the set's largest
+    placement, whose script runs make study inside it (dry run: nothing is submitted)."""
+    out = subprocess.run([sys.executable, "-m", "runners.slurm", "study", os.path.join(REPO, "notebooks", "params",
+                          "gpu_cluster"), str(tmp_path / "out dir"), "--dry-run", "--", "study",
+                          "PARAMS_SET=gpu_cluster", f"OUT={tmp_path / 'out dir'}"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    for line in ("#SBATCH --nodes=4", "#SBATCH --gpus-per-node=2", "#SBATCH --time=12:00:00", "#SBATCH --partition=gpu",
+                 "export NCCL_SOCKET_IFNAME=ib0"):
+        assert line in lines, out.stdout
+    [make] = [ln for ln in out.stdout.replace("\\\n", " ").splitlines() if ln.startswith("make ")]
+    assert shlex.split(make) == ["make", "study", "PARAMS_SET=gpu_cluster", f"OUT={tmp_path / 'out dir'}"]
+    assert not os.path.exists(tmp_path / "out dir" / "allocations"), "a dry run writes nothing"
+    # the Makefile hands such a set to it (and runs the study here inside an allocation)
+    plan = subprocess.run(["make", "-n", "study", "PARAMS_SET=gpu_cluster", f"OUT={tmp_path}"], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "SLURM_JOB_ID": ""}).stdout
+    assert "-m runners.slurm uses-slurm" in plan and "-m runners.slurm study" in plan
+    assert subprocess.run([sys.executable, "-m", "runners.slurm", "uses-slurm",
+                           os.path.join(REPO, "notebooks", "params", "study")], cwd=REPO).returncode == 1
