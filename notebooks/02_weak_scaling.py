@@ -45,6 +45,7 @@ launcher: str = "local"  # local (torchrun here; NxP with N > 1 runs N torchruns
 launcher_opts: dict = {}  # slurm site settings, e.g. {"partition": "gpu", "gpus_per_node": 4, "time_limit": "00:30:00"}
 out_dir: str = "../outputs"  # records go to out_dir/<study>/<run_key>/
 timeout_s: float = 900.0  # per-run deadline in seconds
+rerun_disturbed: bool = True  # run once more, at the end of its round, a run whose machine was busy during it
 
 # %%
 import pandas as pd
@@ -59,7 +60,8 @@ configs = studies.weak_scaling(world_sizes or None, base, per_process_batches=pe
 print(f"{len(configs)} runs")
 
 # %%
-result = run_sweep(configs, launcher=launcher, launcher_opts=launcher_opts, timeout_s=timeout_s)
+result = run_sweep(configs, launcher=launcher, launcher_opts=launcher_opts, timeout_s=timeout_s,
+                   rerun_disturbed=rerun_disturbed)
 
 # %%
 summary = pd.DataFrame(result.records)
