@@ -1,0 +1,120 @@
+"""An instrument that knows when the machine was busy: a CPU hog pinned to one of a sweep's CPUs during one run
+flags that run (and only that one), and the sweep runs it again once the machine is quiet. Real processes."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from kanlib import records
+from kanlib.metrics import InterferenceProbe, combine_interference
+from runhelp import manifest_rows, tiny
+from runners.sweep import run_sweep
+
+pytestmark = pytest.mark.usefixtures("no_process_left")
+
+
+class HogDuring(threading.Thread):
+    """Runs a busy loop pinned to ``cpu`` from the first ``begin`` of run ``key`` in the sweep's launch events to
+    its first ``end`` (a rerun of the run later finds the machine quiet)."""
+
+    def __init__(self, out_dir: str, study: str, key: str, cpu: int):
+        super().__init__(daemon=True)
+        self.pattern = os.path.join(out_dir, study, "launches", "*", "events.jsonl")
+        self.key, self.cpu = key, cpu
+        self.hog: subprocess.Popen | None = None
+        self.ran_s = 0.0
+        self.done = threading.Event()
+
+    def _seen(self, what: str) -> bool:
+        return any(e.get("run_key") == self.key and e.get("event") == what
+                   for path in glob.glob(self.pattern) for e in records.read_events(path))
+
+    def run(self) -> None:
+        while not self._seen("begin") and not self.done.is_set():
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        self.hog = subprocess.Popen(["taskset", "-c", str(self.cpu), sys.executable, "-c", "while True: pass"])
+        while not self._seen("end") and not self.done.is_set():
+            time.sleep(0.01)
+        self.hog.kill()
+        self.hog.wait()
+        self.ran_s = time.monotonic() - t0
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(timeout=30)
+        if self.hog is not None and self.hog.poll() is None:
+            self.hog.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2, reason="needs taskset, 2 CPUs")
+def test_a_cpu_hog_during_one_run_flags_it_and_the_sweep_runs_it_again_clean(tmp_path):
+    # three 2-process runs of ~1.5 s of measured steps each; a busy loop on CPU 1 during the second only
+    cfgs = [tiny(tmp_path, seed=s, steps=300, warmup_steps=5) for s in (1, 2, 3)]
+    hog = HogDuring(str(tmp_path), cfgs[1].study, cfgs[1].run_key(), cpu=1)
+    hog.start()
+    try:
+        res = run_sweep(cfgs, progress=False, timeout_s=120)
+    finally:
+        hog.stop()
+    assert res.ok and hog.ran_s > 0.5
+    recs = {r["run_key"]: r for r in res.records}
+    before, hit, after = (recs[c.run_key()] for c in cfgs)
+    assert records.disturbance(before) == "" and records.disturbance(after) == "", (before, after)
+    # the run the hog overlapped was flagged, kept, and run again clean
+    [first] = hit["earlier_attempts"]
+    assert "other processes took" in first["disturbed"] and first["foreign_cpu_frac"] > 0.3, first
+    assert records.disturbance(hit) == "" and hit["foreign_cpu_frac"] < records.DISTURBED_FOREIGN_CPU_FRAC
+    assert os.path.exists(os.path.join(cfgs[1].run_dir(), records.ATTEMPTS_DIR, f"{first['run_id']}.json"))
+    assert [(r["run_key"], r["status"]) for r in manifest_rows(cfgs[0])] == [
+        (cfgs[0].run_key(), "ok"), (cfgs[1].run_key(), "ok"), (cfgs[2].run_key(), "ok"),
+        (cfgs[1].run_key(), "disturbed"), (cfgs[1].run_key(), "ok")]
+    assert res.rerun == 1 and res.disturbed == 0
+
+
+def test_interference_of_overlapping_cpu_sets_counts_every_rank_as_its_own():
+    """Two unpinned ranks on the same two CPUs: each other's CPU time is not 'other processes'."""
+    host = {"host": "h", "window_s": 1.0, "cpus": [0, 1], "steal_s": {0: 0.0, 1: 0.0}, "nivcsw": 3,
+            "load_start": 1.0, "load_end": 1.0}
+    a = {**host, "busy_s": {0: 1.0, 1: 0.9}, "own_cpu_s": 0.95, "main_wait_s": 0.01}
+    b = {**host, "busy_s": {0: 1.0, 1: 0.9}, "own_cpu_s": 0.9, "main_wait_s": 0.02}
+    out = combine_interference([a, b])
+    assert out["foreign_cpu_frac"] == pytest.approx((1.9 - 1.85) / 2.0)
+    assert out["runqueue_wait_frac"] == pytest.approx(0.02)
+    # pinned ranks on CPUs of their own are judged one by one: the busier CPU decides
+    c = {**host, "cpus": [0], "busy_s": {0: 1.0}, "steal_s": {0: 0.0}, "own_cpu_s": 0.5, "main_wait_s": 0.0}
+    d = {**host, "cpus": [1], "busy_s": {1: 1.0}, "steal_s": {1: 0.0}, "own_cpu_s": 0.98, "main_wait_s": 0.0}
+    assert combine_interference([c, d])["foreign_cpu_frac"] == pytest.approx(0.5)
+    # unreadable counters are unknown, not zero
+    assert combine_interference([{**c, "own_cpu_s": None}])["foreign_cpu_frac"] is None
+
+
+def test_a_busy_loop_on_this_process_cpus_shows_as_foreign_time():
+    """The probe itself, against a real busy process sharing this process's one CPU."""
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    os.sched_setaffinity(0, {cpu})
+    try:
+        probe = InterferenceProbe()
+        hog = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", "while True: pass"])
+        try:
+            time.sleep(0.3)
+            probe.start()
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:  # this process wants the CPU too
+                pass
+            out = combine_interference([probe.stop()])
+        finally:
+            hog.kill()
+            hog.wait()
+    finally:
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+    assert out["foreign_cpu_frac"] > 0.25 and out["runqueue_wait_frac"] > 0.25, out
