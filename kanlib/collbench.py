@@ -47,7 +47,8 @@ import warnings
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from kanlib.config import NCCL_ALGOS, NCCL_PROTOS, Backend, Config, ConfigError, CpuAffinity, Device, parse_placement
+from kanlib.config import (Backend, Config, ConfigError, CpuAffinity, Device, check_at_least, check_nccl,
+                           check_non_negative, check_positive, parse_placement)
 
 RECORD_KIND = "collbench"
 DType = Literal["float32", "bfloat16", "float16"]
@@ -106,17 +107,10 @@ class BenchConfig(Config):
     """Emulated inter-node link bandwidth (bytes/s); only for nnodes > 1 (0 = no limit)."""
 
     def validate(self) -> None:
-        for name in ("nnodes", "nproc_per_node", "threads", "iters", "min_bytes", "max_bytes"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}: must be positive, got {getattr(self, name)!r}")
-        for name in ("repeat", "seed", "warmup_iters"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
-        if not self.pg_timeout_s > 0:
-            raise ConfigError(f"pg_timeout_s: must be positive, got {self.pg_timeout_s!r}")
-        for name in ("emulate_latency_s", "emulate_bandwidth_bytes_per_s"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        check_at_least(self, 1, "nnodes", "nproc_per_node", "threads", "iters", "min_bytes", "max_bytes")
+        check_at_least(self, 0, "repeat", "seed", "warmup_iters")
+        check_positive(self, "pg_timeout_s")
+        check_non_negative(self, "emulate_latency_s", "emulate_bandwidth_bytes_per_s")
         elem = _DTYPE_BYTES[self.dtype]
         if self.min_bytes < elem:
             raise ConfigError(f"min_bytes: {self.min_bytes} is less than one {self.dtype} element ({elem} bytes)")
@@ -124,15 +118,7 @@ class BenchConfig(Config):
             raise ConfigError(f"max_bytes: {self.max_bytes} is smaller than min_bytes={self.min_bytes}")
         if self.size_factor < 2:
             raise ConfigError(f"size_factor: must be at least 2, got {self.size_factor!r}")
-        for name, allowed in (("nccl_algo", NCCL_ALGOS), ("nccl_proto", NCCL_PROTOS)):
-            v = getattr(self, name)
-            if v and v.lower() not in allowed:
-                raise ConfigError(f"{name}: unknown value {v!r}; choose from {', '.join(allowed)} (any case)")
-            if v and (self.backend == "gloo" or self.device == "cpu"):
-                raise ConfigError(f"{name}: {v!r} is an NCCL setting, but backend={self.backend!r}, "
-                                  f"device={self.device!r} (gloo would ignore it)")
-        if self.backend == "nccl" and self.device == "cpu":
-            raise ConfigError("backend: 'nccl' needs device cuda, got device='cpu'")
+        check_nccl(self)
 
     @property
     def emulated_link(self) -> bool:
