@@ -12,7 +12,8 @@ import uuid
 import pytest
 
 from kanlib import collbench
-from kanlib.collbench import BenchConfig, bench_configs, check_bench_record, nccl_choice, parse_nccl_tuning
+from kanlib.collbench import BenchConfig, bench_configs, nccl_choice, parse_nccl_tuning
+from kanlib.records import check_bench_record
 from kanlib.config import ConfigError
 
 
