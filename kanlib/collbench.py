@@ -5,7 +5,7 @@
 ``max_bytes`` (times ``size_factor`` each step, ``max_bytes`` always included) every rank runs
 ``warmup_iters`` untimed and ``iters`` timed all-reduces (sum) of a ``dtype`` tensor; before each
 one all ranks meet at a barrier, so the time is the transfer itself, not a rank arriving late (the
-DDP hook's time includes that wait; kanlib.commmodel splits the two). Per size, with nccl-tests'
+DDP hook's time includes that wait; kanlib.analysis.commmodel splits the two). Per size, with nccl-tests'
 definitions:
 
 - ``time_s``: the median over iterations of the maximum over ranks of one all-reduce
@@ -352,49 +352,6 @@ def _read_from(path: str, offset: int) -> str:
             return f.read()
     except OSError:
         return ""
-
-
-def load_bench(out_dir: str) -> "pandas.DataFrame":  # noqa: F821 - pandas is imported lazily
-    """Every collbench record under ``out_dir`` as one row per run x message size.
-
-    Columns: the run's scalar fields (config, provenance, ``placement``, ``backend``/``device`` used,
-    ``run_key``; environment variables as ``env.X``) and the row's (``size_bytes``, ``time_s``,
-    ``algbw_bytes_per_s``, ``busbw_bytes_per_s``, ``nccl_algo_used``, ...). Unreadable or invalid
-    collbench records are skipped with a warning naming the file (``df.attrs['bad']``); records of
-    other kinds are ignored. No collbench record gives an empty frame.
-    """
-    import glob
-    import json
-    import warnings
-
-    import pandas as pd
-
-    from kanlib.records import BENCH_KIND, check_bench_record
-
-    out, bad = [], []
-    for path in sorted(glob.glob(os.path.join(out_dir, "**", "record.json"), recursive=True)):
-        try:
-            with open(path) as f:
-                rec = json.load(f)
-        except (OSError, ValueError) as e:
-            bad.append((path, str(e)))
-            continue
-        if not isinstance(rec, dict) or rec.get("record_kind") != BENCH_KIND:
-            continue
-        why = check_bench_record(rec)
-        if why:
-            bad.append((path, why))
-            continue
-        run = {k: v for k, v in rec.items() if k not in ("rows", "env")}
-        run.update({f"env.{k}": v for k, v in (rec.get("env") or {}).items()})
-        run["record_path"] = path
-        for row in rec["rows"]:
-            out.append({**run, **row})
-    if bad:
-        warnings.warn("skipped unusable collbench record(s): " + "; ".join(f"{p}: {w}" for p, w in bad), stacklevel=2)
-    df = pd.DataFrame(out)
-    df.attrs["bad"] = bad
-    return df
 
 
 def main(argv: list[str] | None = None) -> int:

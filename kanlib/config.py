@@ -96,7 +96,7 @@ _code_version = code_version  # run_key's parameter shadows the name
 
 
 # Modules and packages of kanlib that only read records (no effect on what a run measures); see code_version().
-ANALYSIS_MODULES = ("results", "plots", "report", "guidelines", "commmodel", "presets", "analysis", "studies")
+ANALYSIS_MODULES = ("analysis", "studies", "report", "guidelines")
 
 
 @dataclass

@@ -102,7 +102,7 @@ def communication(world_sizes=None, base: RunConfig | None = None, bucket_caps_m
                   emulate_latency_s: float = 0.0, emulate_bandwidth_bytes_per_s: float = 0.0):
     """For each placement, bucket size, NCCL algorithm and communication hook: one run with that hook
     (timed all-reduce, or bf16/fp16/powersgd) and one with the no-op hook, so exposed communication =
-    T_hook - T_noop (kanlib.results). Single-process placements are skipped (nothing to communicate).
+    T_hook - T_noop (kanlib.studies.communication). Single-process placements are skipped (nothing to communicate).
     ``emulate_*`` put an emulated inter-node link under the multi-node placements (kanlib.hooks)."""
     base = base or RunConfig()
     cfgs = []

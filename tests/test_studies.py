@@ -1,9 +1,11 @@
-"""Study builders, and the no-op-hook communication measurement on a real 2-process gloo run."""
+"""The studies' config builders (runners/studies.py), and the no-op-hook communication measurement on a real
+2-process gloo run."""
 
 import pytest
 
-from kanlib import results
+from kanlib.analysis import load
 from kanlib.config import ConfigError, RunConfig
+from kanlib.studies import communication
 from runners import studies
 from runners.sweep import run_sweep
 
@@ -68,7 +70,7 @@ def test_exposed_communication_on_two_gloo_processes(tmp_path):
     cfgs = studies.communication([2], base, bucket_caps_mb=[0.05, 25.0])
     res = run_sweep(cfgs, progress=False)
     assert res.ok, res.failures
-    df = results.load_records(str(tmp_path))
+    df = load.load_records(str(tmp_path))
     timed = df[df["comm_hook"] == "timed"].set_index("bucket_cap_mb")
     noop = df[df["comm_hook"] == "noop"]
     assert (timed["comm_total_s"] > 0).all()
@@ -76,7 +78,7 @@ def test_exposed_communication_on_two_gloo_processes(tmp_path):
     # the hook saw DDP's real buckets: 43k float32 gradients (172 kB) fit one 25 MiB bucket and need more
     # than one 0.05 MiB bucket (a parameter tensor is never split, so not 172/52 of them)
     assert timed.loc[25.0, "n_buckets"] == 1 and timed.loc[0.05, "n_buckets"] >= 2
-    t = results.communication_table(df).set_index("bucket_cap_mb")
+    t = communication.table(df).data.set_index("bucket_cap_mb")
     assert (t["exposed_s"] >= 0).all() and (t["exposed_s"] <= t["comm_total_s"]).all()
     # the raw difference is kept, and clipping it into [0, total] is flagged, never silent
     assert (t["exposed_raw_s"] == t["t_allreduce_s"] - t["t_noop_s"]).all()
