@@ -81,7 +81,7 @@ timeout_s: float = 900.0  # per-run deadline in seconds
 import pandas as pd
 
 from kanlib.collbench import BenchConfig
-from runners import notebook, studies
+from runners import notebook, plans as studies  # runners/plans.py: the config builders of each study
 from runners.sweep import SUMMARY_COLUMNS, run_sweep
 
 params = notebook.check_parameters(globals())

@@ -1,4 +1,5 @@
-"""The experiments of the study, each a function returning the list of configs to run.
+"""The plan of each study: a function returning the list of configs to run (the analysis of each study is
+its module in kanlib/studies/).
 
 Every point is repeated ``repeats`` times (separate processes, ``repeat`` = 0..repeats-1); ``base``
 carries everything a study does not vary (model, task, steps, out_dir, ...). Where a study spans process
