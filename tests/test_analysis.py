@@ -111,6 +111,14 @@ def test_a_training_rank_imports_no_analysis_code():
     assert out.strip() == "[]"
 
 
+def test_the_analysis_imports_no_torch():
+    """The report, the guidelines and every study module need no torch (a report builds on a machine without it)."""
+    code = ("import sys, kanlib.report, kanlib.guidelines, kanlib.studies, kanlib.analysis.explorer; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 def test_analysis_code_leaves_run_keys_alone_and_runtime_code_changes_them(tmp_path):
     """code_version hashes the runtime sources: an edit of an analysis module or package (kanlib.analysis,
     kanlib.studies, report, guidelines) keeps every run key; an edit of a runtime module changes them."""
