@@ -1,7 +1,7 @@
 """Run configurations: one typed dataclass per launchable program, checked once.
 
 :class:`Config` is the shared machinery: every field's type comes from its annotation, and one
-generic rule (:meth:`Config._check_types`) coerces and checks every value against it - numbers to the
+generic rule (:func:`coerce`) coerces and checks every value against it - numbers to the
 declared type (so ``lr=1`` and the CLI's ``--lr=1.0`` are the same config), ``Literal[...]`` choices,
 finite floats, sequences of numbers, strings without control characters. A bad value raises
 :class:`ConfigError` naming the field, before any process starts. ``--key=value`` arguments (the
@@ -119,7 +119,7 @@ class Config:
     def _check_types(self) -> None:
         hints = _hints(type(self))
         for f in fields(self):
-            setattr(self, f.name, _coerce(f.name, getattr(self, f.name), hints[f.name]))
+            setattr(self, f.name, coerce(f.name, getattr(self, f.name), hints[f.name]))
         for name in self.NAME_FIELDS:
             v = getattr(self, name)
             if not _NAME.fullmatch(v) or ".." in v:
@@ -192,7 +192,7 @@ class Config:
             if key not in hints:
                 known = ", ".join(f.name for f in fields(cls))
                 raise ConfigError(f"{key}: unknown config field (known: {known})")
-            kwargs[key] = _from_text(key, raw, hints[key])
+            kwargs[key] = parse_text(key, raw, hints[key])
         return cls(**kwargs)
 
     @classmethod
@@ -397,8 +397,9 @@ def _hints(cls) -> dict:
     return typing.get_type_hints(cls)
 
 
-def _coerce(name: str, v, hint):
-    """``v`` as the type ``hint`` declares, or :class:`ConfigError` naming ``name``."""
+def coerce(name: str, v, hint):
+    """``v`` as the type ``hint`` declares, or :class:`ConfigError` naming ``name``: the one coercion rule of
+    every config field, CLI argument and notebook parameter (runners.notebook)."""
     origin = typing.get_origin(hint)
     if origin is Literal:
         allowed = typing.get_args(hint)
@@ -421,7 +422,7 @@ def _coerce(name: str, v, hint):
         if not isinstance(v, float):
             raise ConfigError(f"{name}: expected a number, got {v!r}")
         if not math.isfinite(v):
-            raise ConfigError(f"{name}: must be a finite number, got {v!r}")
+            raise ConfigError(f"{name}: must be finite, got {v!r}")
         return v
     if hint is str:
         if not isinstance(v, str):
@@ -437,12 +438,13 @@ def _coerce(name: str, v, hint):
         if len(args) != 2 or args[1] is not Ellipsis:
             if len(v) != len(args):
                 raise ConfigError(f"{name}: expected {len(args)} numbers, got {v!r}")
-        return tuple(_coerce(name, e, elem) for e in v)
+        return tuple(coerce(name, e, elem) for e in v)
     raise TypeError(f"{name}: config fields of type {hint!r} are not supported")
 
 
-def _from_text(name: str, raw: str, hint):
-    """A CLI string turned into the Python value ``hint`` asks for (checked afterwards by _coerce)."""
+def parse_text(name: str, raw: str, hint):
+    """A string of the command line (or of papermill) turned into the Python value ``hint`` asks for, checked
+    afterwards by :func:`coerce`; :class:`ConfigError` naming ``name`` when it cannot be read."""
     origin = typing.get_origin(hint)
     try:
         if origin is tuple:
