@@ -10,7 +10,8 @@
 - ``fmt``: numbers as a reader wants them (ms, %, x, intervals, bytes).
 - ``style``: one visual language for every figure, the renderers, offline files.
 - ``explorer``: an ipywidgets panel over the records.
-- ``part``: what a study module's analysis gives (figures with captions, tables, sentences).
+- ``section``: what a study module's analysis gives (figures with captions, tables, sentences), and a
+  report section made of them (``StudyAnalysis``).
 - ``commmodel``: the all-reduce performance model, fitted on the collective benchmark.
 - ``presets``: hardware presets of that model (specifications, not measurements).
 """
