@@ -5,7 +5,7 @@
 ``max_bytes`` (times ``size_factor`` each step, ``max_bytes`` always included) every rank runs
 ``warmup_iters`` untimed and ``iters`` timed all-reduces (sum) of a ``dtype`` tensor; before each
 one all ranks meet at a barrier, so the time is the transfer itself, not a rank arriving late (the
-DDP hook's time includes that wait; kanlib.commmodel splits the two). Per size, with nccl-tests'
+DDP hook's time includes that wait; kanlib.analysis.commmodel splits the two). Per size, with nccl-tests'
 definitions:
 
 - ``time_s``: the median over iterations of the maximum over ranks of one all-reduce
@@ -27,29 +27,26 @@ On NCCL the benchmark runs with ``NCCL_DEBUG=INFO``, ``NCCL_DEBUG_SUBSYS=INIT,EN
 rank 0 only) is parsed (:func:`parse_nccl_tuning`) for the algorithm and protocol NCCL used for each
 size, read from the lines logged while that size ran.
 
-Rank 0 writes ``<out_dir>/<study>/<run_key>/record.json`` (kanlib.records.atomic_write_json):
-``record_kind: "collbench"``, provenance, the flattened config, and ``rows`` (one per size, units in
-the names). :func:`check_bench_record` validates one; :func:`load_bench` loads them all.
+Rank 0 writes ``<out_dir>/<study>/<run_key>/record.json``: a :class:`kanlib.records.BenchRecord`
+(``record_kind: "collbench"``, provenance, the flattened config, and one :class:`kanlib.records.BenchRow` per
+size, units in the names), checked by :func:`kanlib.records.check_bench_record` and read by
+:func:`kanlib.analysis.load.load_bench`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
-import glob
-import json
 import math
 import os
 import re
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from kanlib.config import NCCL_ALGOS, NCCL_PROTOS, Backend, Config, ConfigError, CpuAffinity, Device, parse_placement
+from kanlib.config import (Backend, Config, ConfigError, CpuAffinity, Device, check_at_least, check_nccl,
+                           check_non_negative, check_positive, parse_placement)
 
-RECORD_KIND = "collbench"
 DType = Literal["float32", "bfloat16", "float16"]
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -106,17 +103,10 @@ class BenchConfig(Config):
     """Emulated inter-node link bandwidth (bytes/s); only for nnodes > 1 (0 = no limit)."""
 
     def validate(self) -> None:
-        for name in ("nnodes", "nproc_per_node", "threads", "iters", "min_bytes", "max_bytes"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}: must be positive, got {getattr(self, name)!r}")
-        for name in ("repeat", "seed", "warmup_iters"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
-        if not self.pg_timeout_s > 0:
-            raise ConfigError(f"pg_timeout_s: must be positive, got {self.pg_timeout_s!r}")
-        for name in ("emulate_latency_s", "emulate_bandwidth_bytes_per_s"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        check_at_least(self, 1, "nnodes", "nproc_per_node", "threads", "iters", "min_bytes", "max_bytes")
+        check_at_least(self, 0, "repeat", "seed", "warmup_iters")
+        check_positive(self, "pg_timeout_s")
+        check_non_negative(self, "emulate_latency_s", "emulate_bandwidth_bytes_per_s")
         elem = _DTYPE_BYTES[self.dtype]
         if self.min_bytes < elem:
             raise ConfigError(f"min_bytes: {self.min_bytes} is less than one {self.dtype} element ({elem} bytes)")
@@ -124,15 +114,7 @@ class BenchConfig(Config):
             raise ConfigError(f"max_bytes: {self.max_bytes} is smaller than min_bytes={self.min_bytes}")
         if self.size_factor < 2:
             raise ConfigError(f"size_factor: must be at least 2, got {self.size_factor!r}")
-        for name, allowed in (("nccl_algo", NCCL_ALGOS), ("nccl_proto", NCCL_PROTOS)):
-            v = getattr(self, name)
-            if v and v.lower() not in allowed:
-                raise ConfigError(f"{name}: unknown value {v!r}; choose from {', '.join(allowed)} (any case)")
-            if v and (self.backend == "gloo" or self.device == "cpu"):
-                raise ConfigError(f"{name}: {v!r} is an NCCL setting, but backend={self.backend!r}, "
-                                  f"device={self.device!r} (gloo would ignore it)")
-        if self.backend == "nccl" and self.device == "cpu":
-            raise ConfigError("backend: 'nccl' needs device cuda, got device='cpu'")
+        check_nccl(self)
 
     @property
     def emulated_link(self) -> bool:
@@ -294,32 +276,29 @@ def _bench(cfg: BenchConfig, group, run_dir: str, debug_path, nccl: bool, starte
         local = _time_allreduces(t, cfg, info, delay, cycles_per_s)  # (iters,) s on this rank
         per_iter = distributed.all_gather(torch.tensor(local, dtype=torch.float64), info).max(dim=0).values
         times = sorted(per_iter.tolist())
-        row = {"size_bytes": size, "count": count, "dtype": cfg.dtype, "n_iters": len(times),
-               "time_s": _quantile(times, 0.5), "time_s_p10": _quantile(times, 0.1),
-               "time_s_p90": _quantile(times, 0.9), "emulated_s": delay}
-        row["algbw_bytes_per_s"] = size / row["time_s"]
-        row["busbw_bytes_per_s"] = row["algbw_bytes_per_s"] * (2 * (n - 1) / n if n > 1 else 0.0)
-        row["nccl_algo_used"], row["nccl_proto_used"] = None, None
+        median = _quantile(times, 0.5)
+        row = records.BenchRow(size, count, cfg.dtype, len(times), median, _quantile(times, 0.1),
+                               _quantile(times, 0.9), delay, size / median,
+                               size / median * (2 * (n - 1) / n if n > 1 else 0.0))
         if info.is_main and debug_path:
             _flush_c_stdio()
             entries = parse_nccl_tuning(_read_from(debug_path, offset))
-            row["nccl_algo_used"], row["nccl_proto_used"] = nccl_choice(entries, size)
+            row.nccl_algo_used, row.nccl_proto_used = nccl_choice(entries, size)
         rows.append(row)
     if not info.is_main:
-        distributed.barrier(info)  # wait for rank 0's record before tearing the group down
+        distributed.barrier(info)  # wait for rank 0's record before the group goes on
         return None
     note = None
     if nccl and n == 1:
         note = "world size 1: NCCL copies locally and logs no algorithm"
-    elif nccl and not any(r["nccl_algo_used"] for r in rows):
+    elif nccl and not any(r.nccl_algo_used for r in rows):
         note = "NCCL logged no tuning choice (NCCL older than 2.20 does not print it at INFO level)"
-    prov = records.provenance()
-    rec = {**cfg.to_dict(), **dataclasses.asdict(prov), "record_kind": RECORD_KIND, "status": "ok",
-           "run_key": cfg.run_key(), "run_id": records.new_run_id(), "started_at": started_at,
-           "finished_at": records.now_iso(), "config_backend": cfg.backend, "config_device": cfg.device,
-           "backend": info.backend or "none", "device": info.device.type, "world_size": n,
-           "placement": cfg.placement, "nccl_debug_file": debug_path, "nccl_note": note, "rows": rows,
-           "launch_id": group.launch_id, "runs_before_in_launch": group.runs_before}
+    rec = records.BenchRecord(
+        records.provenance(), cfg.to_dict(), rows, run_key=cfg.run_key(), run_id=records.new_run_id(),
+        started_at=started_at, finished_at=records.now_iso(), config_backend=cfg.backend,
+        config_device=cfg.device, backend=info.backend or "none", device=info.device.type, world_size=n,
+        placement=cfg.placement, nccl_debug_file=debug_path, nccl_note=note, launch_id=group.launch_id,
+        runs_before_in_launch=group.runs_before).to_dict()
     records.atomic_write_json(os.path.join(run_dir, records.RECORD_NAME), rec)
     distributed.barrier(info)
     return rec
@@ -385,87 +364,6 @@ def _read_from(path: str, offset: int) -> str:
             return f.read()
     except OSError:
         return ""
-
-
-# -- reading records -------------------------------------------------------------------------------------
-_ROW_POSITIVE = ("size_bytes", "count", "time_s", "algbw_bytes_per_s")
-_ROW_NON_NEGATIVE = ("time_s_p10", "time_s_p90", "busbw_bytes_per_s", "emulated_s")
-
-
-def check_bench_record(rec) -> str | None:
-    """Why ``rec`` (a parsed collbench ``record.json``) cannot be used, or None when it is valid.
-
-    Checks the schema version, ``record_kind``, the placement fields, and every row: positive
-    finite size, count, time and algbw; non-negative finite percentiles, busbw and emulated delay.
-    """
-    from kanlib.records import SCHEMA_VERSIONS_READ
-
-    if not isinstance(rec, dict) or "schema_version" not in rec:
-        return "not a run record (no schema_version)"
-    if rec["schema_version"] not in SCHEMA_VERSIONS_READ:
-        return f"schema_version {rec['schema_version']!r} is not one this version reads ({SCHEMA_VERSIONS_READ})"
-    if rec.get("record_kind") != RECORD_KIND:
-        return f"record_kind is {rec.get('record_kind')!r}, not {RECORD_KIND!r}"
-    if rec.get("status", "ok") != "ok":
-        return f"status is {rec.get('status')!r}, not 'ok'"
-    for name in ("world_size", "nnodes", "nproc_per_node"):
-        v = rec.get(name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            return f"{name} is {v!r}, not a positive integer"
-    if rec["world_size"] != rec["nnodes"] * rec["nproc_per_node"]:
-        return (f"world_size {rec['world_size']} is not nnodes x nproc_per_node = "
-                f"{rec['nnodes']} x {rec['nproc_per_node']}")
-    rows = rec.get("rows")
-    if not isinstance(rows, list) or not rows:
-        return "rows is missing or empty"
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            return f"rows[{i}] is not an object"
-        for name in _ROW_POSITIVE + _ROW_NON_NEGATIVE:
-            v = row.get(name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                return f"rows[{i}].{name} is {v!r}, not a number"
-            if not math.isfinite(v) or (v <= 0 if name in _ROW_POSITIVE else v < 0):
-                return (f"rows[{i}].{name} is {v!r}, outside its range "
-                        f"({'> 0' if name in _ROW_POSITIVE else '>= 0'}, finite)")
-    return None
-
-
-def load_bench(out_dir: str) -> "pandas.DataFrame":  # noqa: F821 - pandas is imported lazily
-    """Every collbench record under ``out_dir`` as one row per run x message size.
-
-    Columns: the run's scalar fields (config, provenance, ``placement``, ``backend``/``device`` used,
-    ``run_key``; environment variables as ``env.X``) and the row's (``size_bytes``, ``time_s``,
-    ``algbw_bytes_per_s``, ``busbw_bytes_per_s``, ``nccl_algo_used``, ...). Unreadable or invalid
-    collbench records are skipped with a warning naming the file (``df.attrs['bad']``); records of
-    other kinds are ignored. No collbench record gives an empty frame.
-    """
-    import pandas as pd
-
-    out, bad = [], []
-    for path in sorted(glob.glob(os.path.join(out_dir, "**", "record.json"), recursive=True)):
-        try:
-            with open(path) as f:
-                rec = json.load(f)
-        except (OSError, ValueError) as e:
-            bad.append((path, str(e)))
-            continue
-        if not isinstance(rec, dict) or rec.get("record_kind") != RECORD_KIND:
-            continue
-        why = check_bench_record(rec)
-        if why:
-            bad.append((path, why))
-            continue
-        run = {k: v for k, v in rec.items() if k not in ("rows", "env")}
-        run.update({f"env.{k}": v for k, v in (rec.get("env") or {}).items()})
-        run["record_path"] = path
-        for row in rec["rows"]:
-            out.append({**run, **row})
-    if bad:
-        warnings.warn("skipped unusable collbench record(s): " + "; ".join(f"{p}: {w}" for p, w in bad), stacklevel=2)
-    df = pd.DataFrame(out)
-    df.attrs["bad"] = bad
-    return df
 
 
 def main(argv: list[str] | None = None) -> int:

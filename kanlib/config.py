@@ -1,7 +1,7 @@
 """Run configurations: one typed dataclass per launchable program, checked once.
 
 :class:`Config` is the shared machinery: every field's type comes from its annotation, and one
-generic rule (:meth:`Config._check_types`) coerces and checks every value against it - numbers to the
+generic rule (:func:`coerce`) coerces and checks every value against it - numbers to the
 declared type (so ``lr=1`` and the CLI's ``--lr=1.0`` are the same config), ``Literal[...]`` choices,
 finite floats, sequences of numbers, strings without control characters. A bad value raises
 :class:`ConfigError` naming the field, before any process starts. ``--key=value`` arguments (the
@@ -26,6 +26,8 @@ import typing
 from dataclasses import dataclass, fields
 from typing import ClassVar, Literal
 
+from kanlib.errors import ConfigError
+
 Model = Literal["kan", "kan_rbf", "kan_cheb", "mlp"]
 KanImpl = Literal["reference", "fast", "compiled"]
 Backend = Literal["auto", "gloo", "nccl"]
@@ -43,10 +45,6 @@ NCCL_PROTOS = ("ll", "ll128", "simple")
 # A study name becomes a folder name: letters, digits, '_', '-', '.', not starting with '.'.
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-class ConfigError(ValueError):
-    """A config field holds a value that cannot run; the message names the field."""
 
 
 def parse_placement(text) -> tuple[int, int]:
@@ -78,26 +76,41 @@ def code_version() -> str:
 
     Hashes the files themselves, so a committed change and an uncommitted edit both give a new
     version (``git_sha`` in the record says which commit, ``-dirty`` when edited). Analysis-only
-    modules (tables, figures, report) are left out: changing how results are drawn does not make
-    the measurements stale. ``KANLIB_CODE_VERSION`` overrides it (tests).
+    modules and packages (:data:`ANALYSIS_MODULES`: tables, figures, report) are left out: changing how
+    results are drawn does not make the measurements stale. ``KANLIB_CODE_VERSION`` overrides it (tests).
     """
     forced = os.environ.get("KANLIB_CODE_VERSION")
     if forced:
         return forced
     here = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
-    for name in sorted(os.listdir(here)):
-        if name.endswith(".py") and name[:-3] not in ANALYSIS_MODULES:
-            with open(os.path.join(here, name), "rb") as f:
-                h.update(name.encode() + b"\0" + f.read() + b"\0")
+    for name in runtime_sources(here):
+        with open(os.path.join(here, name), "rb") as f:
+            h.update(name.encode() + b"\0" + f.read() + b"\0")
     return h.hexdigest()[:12]
+
+
+def runtime_sources(package_dir: str) -> list[str]:
+    """The ``.py`` files under ``package_dir`` that a run executes (relative paths, sorted): every module and
+    subpackage except those named in :data:`ANALYSIS_MODULES`."""
+    out = []
+    for root, dirs, files in os.walk(package_dir):
+        rel = os.path.relpath(root, package_dir)
+        if rel == ".":
+            dirs[:] = [d for d in dirs if d not in ANALYSIS_MODULES]
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in files:
+            path = name if rel == "." else os.path.join(rel, name)
+            if name.endswith(".py") and not (rel == "." and name[:-3] in ANALYSIS_MODULES):
+                out.append(path)
+    return sorted(out)
 
 
 _code_version = code_version  # run_key's parameter shadows the name
 
 
-# Modules that only read records (no effect on what a run measures); see code_version().
-ANALYSIS_MODULES = ("results", "plots", "report", "guidelines", "commmodel", "presets")
+# Modules and packages of kanlib that only read records (no effect on what a run measures); see code_version().
+ANALYSIS_MODULES = ("analysis", "studies", "report", "guidelines")
 
 
 @dataclass
@@ -120,7 +133,7 @@ class Config:
     def _check_types(self) -> None:
         hints = _hints(type(self))
         for f in fields(self):
-            setattr(self, f.name, _coerce(f.name, getattr(self, f.name), hints[f.name]))
+            setattr(self, f.name, coerce(f.name, getattr(self, f.name), hints[f.name]))
         for name in self.NAME_FIELDS:
             v = getattr(self, name)
             if not _NAME.fullmatch(v) or ".." in v:
@@ -193,7 +206,7 @@ class Config:
             if key not in hints:
                 known = ", ".join(f.name for f in fields(cls))
                 raise ConfigError(f"{key}: unknown config field (known: {known})")
-            kwargs[key] = _from_text(key, raw, hints[key])
+            kwargs[key] = parse_text(key, raw, hints[key])
         return cls(**kwargs)
 
     @classmethod
@@ -328,12 +341,12 @@ class RunConfig(Config):
             raise ConfigError(f"widths: need at least 2 entries (input, output), got {list(self.widths)}")
         if any(w <= 0 for w in self.widths):
             raise ConfigError(f"widths: every width must be positive, got {list(self.widths)}")
-        _at_least(self, 1, "grid_size", "spline_order", "n_train", "n_val", "global_batch", "steps", "nnodes",
+        check_at_least(self, 1, "grid_size", "spline_order", "n_train", "n_val", "global_batch", "steps", "nnodes",
                   "nproc_per_node", "threads", "powersgd_rank", "grad_accum_steps")
-        _at_least(self, 0, "warmup_steps", "repeat", "seed", "grid_update_every", "checkpoint_every",
+        check_at_least(self, 0, "warmup_steps", "repeat", "seed", "grid_update_every", "checkpoint_every",
                   "lr_base_batch", "lr_warmup_steps", "eval_every")
-        _positive(self, "lr", "bucket_cap_mb", "pg_timeout_s")
-        _non_negative(self, "emulate_latency_s", "emulate_bandwidth_bytes_per_s", "target_val_loss")
+        check_positive(self, "lr", "bucket_cap_mb", "pg_timeout_s")
+        check_non_negative(self, "emulate_latency_s", "emulate_bandwidth_bytes_per_s", "target_val_loss")
         if self.warmup_steps >= self.steps:
             raise ConfigError(f"warmup_steps: must be smaller than steps={self.steps}, got {self.warmup_steps}")
         if not 0.0 <= self.grid_eps <= 1.0:
@@ -358,21 +371,15 @@ class RunConfig(Config):
         if self.target_val_loss and self.eval_every <= self.warmup_steps:
             raise ConfigError(f"eval_every: {self.eval_every} would let the target stop the run before the "
                               f"warm-up ({self.warmup_steps} steps) ends, leaving no step timed; use more")
+        check_nccl(self)
         self._validate_comm()
-        if self.backend == "nccl" and self.device == "cpu":
-            raise ConfigError("backend: 'nccl' needs device cuda, got device='cpu'")
-        from kanlib.data import check_task  # the task and data-file checks live with the data
+        # the task and data-file checks live with the data; imported here, not at the top, because kanlib.data
+        # imports torch and this module must stay importable without it (the analysis reads config fields)
+        from kanlib.data import check_task
 
         check_task(self)
 
     def _validate_comm(self) -> None:
-        for name, allowed in (("nccl_algo", NCCL_ALGOS), ("nccl_proto", NCCL_PROTOS)):
-            v = getattr(self, name)
-            if v and v.lower() not in allowed:
-                raise ConfigError(f"{name}: unknown value {v!r}; choose from {', '.join(allowed)} (any case)")
-            if v and (self.backend == "gloo" or self.device == "cpu"):
-                raise ConfigError(f"{name}: {v!r} is an NCCL setting, but backend={self.backend!r}, "
-                                  f"device={self.device!r} (gloo would ignore it)")
         emulated = self.emulate_latency_s > 0 or self.emulate_bandwidth_bytes_per_s > 0
         if emulated and self.comm_hook in ("default", "noop"):
             raise ConfigError(f"emulate_latency_s: the emulated link is a communication hook; it needs comm_hook "
@@ -404,8 +411,9 @@ def _hints(cls) -> dict:
     return typing.get_type_hints(cls)
 
 
-def _coerce(name: str, v, hint):
-    """``v`` as the type ``hint`` declares, or :class:`ConfigError` naming ``name``."""
+def coerce(name: str, v, hint):
+    """``v`` as the type ``hint`` declares, or :class:`ConfigError` naming ``name``: the one coercion rule of
+    every config field, CLI argument and notebook parameter (runners.notebook)."""
     origin = typing.get_origin(hint)
     if origin is Literal:
         allowed = typing.get_args(hint)
@@ -428,7 +436,7 @@ def _coerce(name: str, v, hint):
         if not isinstance(v, float):
             raise ConfigError(f"{name}: expected a number, got {v!r}")
         if not math.isfinite(v):
-            raise ConfigError(f"{name}: must be a finite number, got {v!r}")
+            raise ConfigError(f"{name}: must be finite, got {v!r}")
         return v
     if hint is str:
         if not isinstance(v, str):
@@ -444,12 +452,13 @@ def _coerce(name: str, v, hint):
         if len(args) != 2 or args[1] is not Ellipsis:
             if len(v) != len(args):
                 raise ConfigError(f"{name}: expected {len(args)} numbers, got {v!r}")
-        return tuple(_coerce(name, e, elem) for e in v)
+        return tuple(coerce(name, e, elem) for e in v)
     raise TypeError(f"{name}: config fields of type {hint!r} are not supported")
 
 
-def _from_text(name: str, raw: str, hint):
-    """A CLI string turned into the Python value ``hint`` asks for (checked afterwards by _coerce)."""
+def parse_text(name: str, raw: str, hint):
+    """A string of the command line (or of papermill) turned into the Python value ``hint`` asks for, checked
+    afterwards by :func:`coerce`; :class:`ConfigError` naming ``name`` when it cannot be read."""
     origin = typing.get_origin(hint)
     try:
         if origin is tuple:
@@ -471,22 +480,39 @@ def _from_text(name: str, raw: str, hint):
         raise ConfigError(f"{name}: cannot read {raw!r} as {getattr(hint, '__name__', hint)}") from None
 
 
-def _at_least(cfg, low: int, *names: str) -> None:
+def check_at_least(cfg, low: int, *names: str) -> None:
+    """Refuse, naming the field, any of ``names`` whose value is below ``low`` (shared by every config)."""
     for name in names:
         if getattr(cfg, name) < low:
             raise ConfigError(f"{name}: must be {'positive' if low == 1 else f'>= {low}'}, got {getattr(cfg, name)!r}")
 
 
-def _positive(cfg, *names: str) -> None:
+def check_positive(cfg, *names: str) -> None:
+    """Refuse, naming the field, any of ``names`` that is not > 0."""
     for name in names:
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"{name}: must be positive, got {getattr(cfg, name)!r}")
 
 
-def _non_negative(cfg, *names: str) -> None:
+def check_non_negative(cfg, *names: str) -> None:
+    """Refuse, naming the field, any of ``names`` that is not >= 0."""
     for name in names:
         if not getattr(cfg, name) >= 0:
             raise ConfigError(f"{name}: must be >= 0, got {getattr(cfg, name)!r}")
+
+
+def check_nccl(cfg) -> None:
+    """The NCCL settings of a config (``nccl_algo``, ``nccl_proto``, ``backend``, ``device``): known values, and
+    only where NCCL runs (gloo would ignore them, and the record would say they were used)."""
+    for name, allowed in (("nccl_algo", NCCL_ALGOS), ("nccl_proto", NCCL_PROTOS)):
+        v = getattr(cfg, name)
+        if v and v.lower() not in allowed:
+            raise ConfigError(f"{name}: unknown value {v!r}; choose from {', '.join(allowed)} (any case)")
+        if v and (cfg.backend == "gloo" or cfg.device == "cpu"):
+            raise ConfigError(f"{name}: {v!r} is an NCCL setting, but backend={cfg.backend!r}, "
+                              f"device={cfg.device!r} (gloo would ignore it)")
+    if cfg.backend == "nccl" and cfg.device == "cpu":
+        raise ConfigError("backend: 'nccl' needs device cuda, got device='cpu'")
 
 
 def _jsonable(v):

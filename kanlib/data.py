@@ -36,6 +36,8 @@ from typing import Callable
 
 import torch
 
+from kanlib.errors import ConfigError
+
 # -- synthetic regression ------------------------------------------------------------------------------
 # Inputs of fixed width for the tasks that have one (``highdim`` takes widths[0]).
 TASK_INPUT_DIM = {"exp_sin": 2, "product": 2}
@@ -185,8 +187,6 @@ FEYNMAN_PREFIX = "feynman:"
 
 def feynman_equation(task: str) -> FeynmanEquation:
     """The equation of ``task = "feynman:<name>"``; an unknown name lists the known ones."""
-    from kanlib.config import ConfigError
-
     name = task[len(FEYNMAN_PREFIX):]
     if name not in FEYNMAN:
         raise ConfigError(f"task: unknown Feynman equation {name!r} in {task!r}; known: {', '.join(FEYNMAN)}")
@@ -675,11 +675,9 @@ class TaskShape:
 def task_shape(cfg) -> TaskShape:
     """The shape of ``cfg.task``, from constants, the equation table, or a data file's header only.
 
-    Raises :class:`kanlib.config.ConfigError` naming the field (``task``, ``data_path``, ``target``,
+    Raises :class:`kanlib.errors.ConfigError` naming the field (``task``, ``data_path``, ``target``,
     ``n_val``) for a task or file that cannot be used at all.
     """
-    from kanlib.config import ConfigError
-
     task = cfg.task
     if task != "file" and (cfg.data_path or cfg.target):
         field = "data_path" if cfg.data_path else "target"
@@ -731,8 +729,6 @@ def check_task(cfg) -> None:
     rows where they are known without reading data (every task but a CSV file, whose rows are counted
     when the run reads it). Reads only a data file's header line (CSV) or array headers (NPZ).
     """
-    from kanlib.config import ConfigError
-
     s = task_shape(cfg)
     if s.in_dim is not None and cfg.widths[0] != s.in_dim:
         names = f" ({', '.join(s.feature_names)})" if s.feature_names else ""

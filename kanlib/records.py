@@ -2,11 +2,13 @@
 
 Everything a run writes is declared here as a dataclass whose fields carry units in their names and a
 docstring; ``docs/schema.md`` is generated from these classes (:func:`schema_markdown`, checked by a
-test). Runtime only: no pandas (analysis lives in kanlib.results).
+test). Runtime only: no pandas (analysis lives in kanlib.analysis and kanlib.studies).
 
 - :class:`StepRow` - one row of ``steps.csv`` per step (rank 0's times; long format).
 - :class:`RunRecord` - ``record.json``: provenance, the flattened config, measurements, fault counters.
 - :class:`ManifestRow` - one line of ``<study>/manifest.jsonl`` per attempt (written by the runner).
+- :class:`BenchRecord` - ``record.json`` of a collective benchmark (kanlib.collbench), one :class:`BenchRow` per
+  message size.
 """
 
 from __future__ import annotations
@@ -448,6 +450,108 @@ def earlier_attempts(run_dir: str) -> list | None:
 MEASUREMENT_FIELDS = [f.name for f in fields(RunRecord) if f.name not in ("provenance", "config")]
 
 
+BENCH_KIND = "collbench"
+"""``record_kind`` of a collective benchmark's record (a training run's is ``train``)."""
+
+
+@dataclass
+class BenchRow:
+    """One message size of a collective benchmark (an element of the record's ``rows``), nccl-tests'
+    definitions: times are the maximum over ranks of one all-reduce, taken over the timed iterations."""
+
+    size_bytes: int = field(default=0, metadata=_doc("message size (bytes; whole elements of `dtype`)"))
+    count: int = field(default=0, metadata=_doc("elements all-reduced"))
+    dtype: str = field(default="float32", metadata=_doc("element type"))
+    n_iters: int = field(default=0, metadata=_doc("timed all-reduces (after the warm-up ones)"))
+    time_s: float = field(default=math.nan, metadata=_doc("median over iterations of the slowest rank's time (s)"))
+    time_s_p10: float = field(default=math.nan, metadata=_doc("10th percentile of that time (s)"))
+    time_s_p90: float = field(default=math.nan, metadata=_doc("90th percentile of that time (s)"))
+    emulated_s: float = field(default=0.0, metadata=_doc("delay the emulated link added to each all-reduce (s)"))
+    algbw_bytes_per_s: float = field(default=math.nan, metadata=_doc("`size_bytes / time_s` (bytes/s)"))
+    busbw_bytes_per_s: float = field(default=math.nan, metadata=_doc(
+        "`algbw_bytes_per_s * 2 (N - 1) / N`: what each rank's link carried in a ring all-reduce (bytes/s)"))
+    nccl_algo_used: str | None = field(default=None, metadata=_doc(
+        "algorithm NCCL logged for this size (several joined by `+`); null on gloo or when NCCL did not say"))
+    nccl_proto_used: str | None = field(default=None, metadata=_doc("protocol NCCL logged for this size, or null"))
+
+
+# Row fields that must be finite and positive, and those that must be finite and non-negative.
+_BENCH_ROW_POSITIVE = ("size_bytes", "count", "time_s", "algbw_bytes_per_s")
+_BENCH_ROW_NON_NEGATIVE = ("time_s_p10", "time_s_p90", "busbw_bytes_per_s", "emulated_s")
+
+
+@dataclass
+class BenchRecord:
+    """``record.json`` of a collective benchmark (``python -m kanlib.collbench``), under
+    ``out_dir/<study>/<run_key>/`` as a training run's. As in a training run's record, the config's fields
+    are at the top level under their own names, except ``backend`` and ``device``, which hold the values used."""
+
+    provenance: Provenance
+    config: dict
+    rows: list = field(default_factory=list, metadata=_doc("one `BenchRow` per message size, smallest first"))
+    record_kind: str = field(default=BENCH_KIND, metadata=_doc(f"`{BENCH_KIND}`"))
+    status: str = field(default="ok", metadata=_doc("`ok`"))
+    run_key: str = field(default="", metadata=_doc("stable key of the config and code version; the folder name"))
+    run_id: str = field(default="", metadata=_doc("unique id of this attempt (UTC time + random suffix)"))
+    started_at: str = field(default="", metadata=_doc("wall-clock start of the run (rank 0, ISO 8601 UTC)"))
+    finished_at: str = field(default="", metadata=_doc("wall-clock end of the run (rank 0, ISO 8601 UTC)"))
+    config_backend: str = field(default="", metadata=_doc("backend asked for (`auto`, `gloo`, `nccl`)"))
+    config_device: str = field(default="", metadata=_doc("device asked for (`auto`, `cpu`, `cuda`)"))
+    backend: str = field(default="none", metadata=_doc("process-group backend used (`gloo`, `nccl`, `none`)"))
+    device: str = field(default="cpu", metadata=_doc("device type used (`cpu`, `cuda`)"))
+    world_size: int = field(default=1, metadata=_doc("processes in the job (`nnodes * nproc_per_node`)"))
+    placement: str = field(default="1x1", metadata=_doc("`NxP`: nodes x processes per node"))
+    nccl_debug_file: str | None = field(default=None, metadata=_doc(
+        "NCCL's debug log of rank 0, parsed for the algorithm and protocol of each size (null on gloo)"))
+    nccl_note: str | None = field(default=None, metadata=_doc("why no NCCL choice was read, when none was"))
+    launch_id: str = field(default="", metadata=_doc("the launch (worker group) that ran it; empty when it ran alone"))
+    runs_before_in_launch: int = field(default=0, metadata=_doc("runs that launch ran before this one"))
+
+    def to_dict(self) -> dict:
+        """The flat JSON object of ``record.json``."""
+        out = {**self.config}
+        out.update(dataclasses.asdict(self.provenance))
+        for f in fields(self):
+            if f.name not in ("provenance", "config"):
+                v = getattr(self, f.name)
+                out[f.name] = [dataclasses.asdict(r) if isinstance(r, BenchRow) else r for r in v] \
+                    if f.name == "rows" else v
+        return out
+
+
+def check_bench_record(rec) -> str | None:
+    """Why ``rec`` (a parsed collective-benchmark ``record.json``) cannot be used, or None when it is valid.
+
+    Checks the schema version, ``record_kind``, the placement fields, and every row: positive finite size,
+    count, time and algbw; non-negative finite percentiles, busbw and emulated delay.
+    """
+    if not isinstance(rec, dict) or "schema_version" not in rec:
+        return "not a run record (no schema_version)"
+    if rec["schema_version"] not in SCHEMA_VERSIONS_READ:
+        return f"schema_version {rec['schema_version']!r} is not one this version reads ({SCHEMA_VERSIONS_READ})"
+    if rec.get("record_kind") != BENCH_KIND:
+        return f"record_kind is {rec.get('record_kind')!r}, not {BENCH_KIND!r}"
+    if rec.get("status", "ok") != "ok":
+        return f"status is {rec.get('status')!r}, not 'ok'"
+    for name in ("world_size", "nnodes", "nproc_per_node"):
+        v = rec.get(name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            return f"{name} is {v!r}, not a positive integer"
+    if rec["world_size"] != rec["nnodes"] * rec["nproc_per_node"]:
+        return (f"world_size {rec['world_size']} is not nnodes x nproc_per_node = "
+                f"{rec['nnodes']} x {rec['nproc_per_node']}")
+    rows = rec.get("rows")
+    if not isinstance(rows, list) or not rows:
+        return "rows is missing or empty"
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            return f"rows[{i}] is not an object"
+        why = _out_of_range(row, _BENCH_ROW_POSITIVE, _BENCH_ROW_NON_NEGATIVE, required=True)
+        if why:
+            return f"rows[{i}].{why}"
+    return None
+
+
 @dataclass
 class ManifestRow:
     """One attempt of one run, appended to ``<study>/manifest.jsonl`` by the runner."""
@@ -649,28 +753,36 @@ _NON_NEGATIVE = ("forward_s", "backward_s", "optimizer_s", "comm_total_s", "peak
                  "emulated_s")
 
 
+def _out_of_range(rec: dict, positive, non_negative, required: bool = False) -> str | None:
+    """``name is value, ...`` for the first field of ``rec`` that is not a finite number in its range (``positive``:
+    > 0 and always required; ``non_negative``: >= 0, required only with ``required``), or None."""
+    for name in (*positive, *non_negative):
+        v = rec.get(name)
+        if v is None and name not in positive and not required:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"{name} is {v!r}, not a number"
+        if not math.isfinite(v) or (v <= 0 if name in positive else v < 0):
+            return f"{name} is {v!r}, outside its range ({'> 0' if name in positive else '>= 0'}, finite)"
+    return None
+
+
 def check_record(rec) -> str | None:
     """Why ``rec`` (a parsed ``record.json``) cannot be used, or None when it is a valid record.
 
     Checks the schema version and the value ranges of the measurements: a NaN, zero or negative step
-    time, a non-numeric field, an unknown schema version are reasons to refuse it.
+    time, a non-numeric field, an unknown schema version are reasons to refuse it. A collective
+    benchmark's record is checked by :func:`check_bench_record`.
     """
     if not isinstance(rec, dict) or "schema_version" not in rec:
         return "not a run record (no schema_version)"
-    if rec.get("record_kind") == "collbench":
-        from kanlib.collbench import check_bench_record  # its rows have their own ranges
-
+    if rec.get("record_kind") == BENCH_KIND:  # its rows have their own ranges
         return check_bench_record(rec)
     if rec["schema_version"] not in SCHEMA_VERSIONS_READ:
         return f"schema_version {rec['schema_version']!r} is not one this version reads ({SCHEMA_VERSIONS_READ})"
-    for name in _POSITIVE + _NON_NEGATIVE:
-        v = rec.get(name)
-        if v is None and name not in _POSITIVE:
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            return f"{name} is {v!r}, not a number"
-        if not math.isfinite(v) or (v <= 0 if name in _POSITIVE else v < 0):
-            return f"{name} is {v!r}, outside its range ({'> 0' if name in _POSITIVE else '>= 0'}, finite)"
+    why = _out_of_range(rec, _POSITIVE, _NON_NEGATIVE)
+    if why:
+        return why
     if rec.get("status", "ok") != "ok":
         return f"status is {rec.get('status')!r}, not 'ok'"
     return None
@@ -706,8 +818,9 @@ def _rows(cls, skip=()) -> list[str]:
 
 
 def schema_markdown() -> str:
-    """``docs/schema.md``, generated from :class:`Provenance`, :class:`RunRecord`, :class:`StepRow` and
-    :class:`ManifestRow` (``python -m kanlib.records > docs/schema.md``; a test keeps them equal)."""
+    """``docs/schema.md``, generated from :class:`Provenance`, :class:`RunRecord`, :class:`StepRow`,
+    :class:`ManifestRow`, :class:`BenchRecord` and :class:`BenchRow` (``python -m kanlib.records >
+    docs/schema.md``; a test keeps them equal)."""
     lines = [
         f"# Result records (schema version {SCHEMA_VERSION})",
         "",
@@ -741,9 +854,9 @@ def schema_markdown() -> str:
         *_rows(RunRecord, skip=("provenance", "config")),
         "",
         "Derived quantities (speedup, efficiency, Karp-Flatt serial fraction, exposed communication, bootstrap",
-        "intervals) are computed from records by `kanlib.results`, never stored. `kanlib.results.load_records`",
-        "refuses records that fail `kanlib.records.check_record` (unknown schema version, NaN or non-positive",
-        "step time, non-numeric measurements) and names them.",
+        "intervals) are computed from records by the study modules of `kanlib.studies`, never stored.",
+        "`kanlib.analysis.load` refuses records that fail `kanlib.records.check_record` (unknown schema version,",
+        "NaN or non-positive step time, non-numeric measurements) and names them.",
         "",
         f"## `{STEPS_NAME}`",
         "",
@@ -771,6 +884,24 @@ def schema_markdown() -> str:
         "| field | type | meaning |",
         "|---|---|---|",
         *_rows(LaunchRow),
+        "",
+        f"## `{RECORD_NAME}` of a collective benchmark",
+        "",
+        BenchRecord.__doc__.strip().replace("\n    ", " ").replace("``", "`"),
+        "Every field of `kanlib.collbench.BenchConfig` is there too, and the provenance fields of a training run's",
+        "record. `kanlib.records.check_bench_record` refuses a record whose rows are not finite and in range.",
+        "",
+        "| field | type | meaning |",
+        "|---|---|---|",
+        *_rows(BenchRecord, skip=("provenance", "config")),
+        "",
+        "Each element of `rows`:",
+        "",
+        BenchRow.__doc__.strip().replace("\n    ", " ").replace("``", "`"),
+        "",
+        "| field | type | meaning |",
+        "|---|---|---|",
+        *_rows(BenchRow),
         "",
     ]
     return "\n".join(lines)

@@ -17,9 +17,9 @@
 # # 01 Strong scaling: analysis
 #
 # Loads the `strong_scaling` records under `out_dir` (by default only those of the newest code version;
-# `code="all"` keeps every version as a group of its own), derives the table in `kanlib.results` (medians
+# `code="all"` keeps every version as a group of its own), derives the table in `kanlib.studies.strong_scaling` (medians
 # over repeats with bootstrap 95% intervals; records that differ in configuration or placement are never
-# pooled) and draws the figures of `kanlib.plots`, each with a caption saying what to see. The table gives
+# pooled) and draws the study's figures, each with a caption saying what to see. The table gives
 # speedup, efficiency and the Karp-Flatt serial fraction per placement (a serial fraction rising with N
 # means overhead that grows with N, such as communication); the printed Amdahl fit extrapolates each group.
 # Every figure is also written as a self-contained HTML file under `fig_dir` (opens offline). The explorer

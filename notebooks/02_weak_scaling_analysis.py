@@ -17,9 +17,9 @@
 # # 02 Weak scaling: analysis
 #
 # Loads the `weak_scaling` records under `out_dir` (by default only those of the newest code version;
-# `code="all"` keeps every version as a group of its own), derives the table in `kanlib.results` (medians
+# `code="all"` keeps every version as a group of its own), derives the table in `kanlib.studies.weak_scaling` (medians
 # over repeats with bootstrap 95% intervals; records that differ in configuration or placement are never
-# pooled) and draws the figures of `kanlib.plots`, each with a caption saying what to see. Efficiency is
+# pooled) and draws the study's figures, each with a caption saying what to see. Efficiency is
 # given against one process and against the first multi-process point of the same kind of placement: the
 # published study saw a drop from 1 to several GPUs, then stability. Every figure is also written as a
 # self-contained HTML file under `fig_dir` (opens offline). The explorer at the end needs a live kernel; a

@@ -17,12 +17,12 @@
 # # 03 Communication overhead: analysis
 #
 # Loads the `communication` records under `out_dir` (by default only those of the newest code version;
-# `code="all"` keeps every version as a group of its own), derives the table in `kanlib.results` (medians
+# `code="all"` keeps every version as a group of its own), derives the table in `kanlib.studies.communication` (medians
 # over repeats with bootstrap 95% intervals; records that differ in configuration or placement are never
-# pooled) and draws the figures of `kanlib.plots`, each with a caption saying what to see. Per point: step
+# pooled) and draws the study's figures, each with a caption saying what to see. Per point: step
 # time with and without the network, total bucket all-reduce time, exposed part and overlap.
 #
-# Then the **calibrated link model** (`kanlib.commmodel`), fitted on the collective-benchmark records of the
+# Then the **calibrated link model** (`kanlib.analysis.commmodel`), fitted on the collective-benchmark records of the
 # same folder (`out_dir/collbench/`): time, algbw and busbw against message size per placement; each link's
 # latency and bandwidth with the leave-one-out error of every point (a constant the data cannot resolve is
 # named so, never printed as 0); the known-signal check (the emulated link's injected latency and

@@ -53,7 +53,7 @@ rerun_disturbed: bool = True  # run once more, at the end of its round, a run wh
 # %%
 import pandas as pd
 
-from runners import notebook, studies
+from runners import notebook, plans as studies  # runners/plans.py: the config builders of each study
 from runners.sweep import SUMMARY_COLUMNS, run_sweep
 
 params = notebook.check_parameters(globals())

@@ -17,9 +17,9 @@
 # # 04 Model-size scaling: analysis
 #
 # Loads the `model_size` records under `out_dir` (by default only those of the newest code version;
-# `code="all"` keeps every version as a group of its own), derives the table in `kanlib.results` (medians
+# `code="all"` keeps every version as a group of its own), derives the table in `kanlib.studies.model_size` (medians
 # over repeats with bootstrap 95% intervals; records that differ in configuration or placement are never
-# pooled) and draws the figures of `kanlib.plots`, each with a caption saying what to see. Parameters per
+# pooled) and draws the study's figures, each with a caption saying what to see. Parameters per
 # byte of memory and time per parameter, KAN against a matched MLP. On CPU peak memory is the process's
 # peak resident set (it includes the framework's fixed footprint); the table also gives parameters per byte
 # of the analytic parameter + gradient + optimizer state. Every figure is also written as a self-contained

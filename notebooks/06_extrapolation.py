@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 06 Extrapolation: predicted scaling to thousands of GPUs
 #
-# The performance model of `kanlib.commmodel` (DDP's buckets, overlap with backward, ring or tree all-reduce
+# The performance model of `kanlib.analysis.commmodel` (DDP's buckets, overlap with backward, ring or tree all-reduce
 # over intra- and inter-node links) predicts strong-scaling efficiency and the exposed share of the step from
 # 1 to `max_world_size` GPUs for each KAN size of `kan_sizes`, each bucket size and each algorithm. The links
 # come from the collective-benchmark fit of `out_dir` (notebook 03) and the compute from its single-process

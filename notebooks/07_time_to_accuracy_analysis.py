@@ -17,9 +17,9 @@
 # # 07 Time to accuracy: analysis
 #
 # Loads the `time_to_accuracy` records under `out_dir` (by default only those of the newest code version;
-# `code="all"` keeps every version as a group of its own), derives the table in `kanlib.results` (medians
+# `code="all"` keeps every version as a group of its own), derives the table in `kanlib.studies.time_to_accuracy` (medians
 # over repeats with bootstrap 95% intervals; records that differ in configuration or placement are never
-# pooled) and draws the figures of `kanlib.plots`, each with a caption saying what to see. Per
+# pooled) and draws the study's figures, each with a caption saying what to see. Per
 # placement: steps, samples and training wall time to the target (over the runs that reached it, with how many
 # did), the validation-loss curves from each run's `steps.csv`; for strong series (one global batch) the
 # time-to-target speedup beside the step speedup, for weak series (one per-process batch) the statistical

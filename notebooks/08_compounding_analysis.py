@@ -17,9 +17,9 @@
 # # 08 Compounding: analysis
 #
 # Loads the `compounding` records under `out_dir` (by default only those of the newest code version;
-# `code="all"` keeps every version as a group of its own), derives the table in `kanlib.results` (medians
+# `code="all"` keeps every version as a group of its own), derives the table in `kanlib.studies.compounding` (medians
 # over repeats with bootstrap 95% intervals; records that differ in configuration or placement are never
-# pooled) and draws the figures of `kanlib.plots`, each with a caption saying what to see. Per
+# pooled) and draws the study's figures, each with a caption saying what to see. Per
 # kernel path (what ran, `kan_path`) and placement: the kernel speedup over the reference kernel, the DDP
 # speedup, their product (what compounding would give) and the measured combination side by side, and each
 # kernel's parallel efficiency: a faster kernel with a lower efficiency exposes communication. Every

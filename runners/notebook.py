@@ -10,8 +10,8 @@ one into an HTML page that opens offline (no require.js, MathJax, mermaid or wid
 :func:`check_parameters` is the first call after a notebook's parameters cell. papermill injects
 ``-p`` values as they come (``-p world_sizes 2`` is the int 2, ``-p widths 2,16,1`` the string
 ``"2,16,1"``) and only warns about a name the notebook does not have; this function coerces each
-parameter to the type its annotation declares, or raises :class:`ParameterError` naming it, and
-refuses an injected name the notebook does not declare.
+parameter to the type its annotation declares (scalars by the rule of kanlib.config, the one of every config
+field), or raises :class:`ParameterError` naming it, and refuses an injected name the notebook does not declare.
 
 Command line (the Makefile's): ``python -m runners.notebook ipynb [NAME ...]`` writes the ``.ipynb`` of
 each notebook (all by default) under ``build/notebooks/``; ``python -m runners.notebook html IN OUT``
@@ -23,10 +23,11 @@ from __future__ import annotations
 import ast
 import difflib
 import json
-import math
 import os
 import sys
 import typing
+
+from kanlib import config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK_DIR = os.path.join(REPO, "notebooks")
@@ -105,89 +106,76 @@ def _example(hint) -> str:
 
 
 def coerce(name: str, v, hint):
-    """``v`` as the type ``hint`` (a parameter annotation) declares, or :class:`ParameterError`."""
+    """``v`` as the type ``hint`` (a parameter annotation) declares, or :class:`ParameterError`.
+
+    A scalar follows kanlib.config's rule for config fields (:func:`kanlib.config.coerce`, a string read as the
+    command line reads it, :func:`kanlib.config.parse_text`), after what papermill gives besides: ``-p flag 1``
+    (an int) for a boolean, ``-p target 3`` (a number) for a string. Lists and mappings are this module's: a
+    scalar or a comma-separated or ``[...]`` string becomes a list, a literal string a mapping."""
     def fail(why: str = ""):
         raise ParameterError(f"parameter {name}: expected {_describe(hint)}, got {v!r} ({type(v).__name__})"
                              + (f": {why}" if why else "") + f"; e.g. papermill -p {name} {_example(hint)}")
 
     origin = typing.get_origin(hint)
     if origin in (list, tuple):
-        (elem,) = typing.get_args(hint) or (typing.Any,)
-        items = v
-        if isinstance(v, str):
-            text = v.strip()
-            if text.startswith("["):
-                try:
-                    items = ast.literal_eval(text)
-                except (ValueError, SyntaxError):
-                    fail("not a list literal")
-            else:
-                items = [p.strip() for p in text.split(",") if p.strip()]
-        elif not isinstance(v, (list, tuple)):
-            items = [v]
-        if not isinstance(items, (list, tuple)):
-            fail()
+        return _coerce_list(name, v, hint, fail)
+    if hint is dict or origin is dict:
+        return _coerce_dict(v, fail)
+    if hint not in (int, float, bool, str):
+        return v  # an annotation this module does not coerce (left as given)
+    value = v
+    if hint is bool and isinstance(v, int) and not isinstance(v, bool) and v in (0, 1):
+        value = bool(v)
+    elif hint is str and isinstance(v, (int, float)) and not isinstance(v, bool):
+        value = str(v)  # papermill reads `-p target 3` as a number
+    elif hint is not str and isinstance(v, str):
         try:
-            return [coerce(name, x, elem) if elem is not typing.Any else x for x in items]
-        except ParameterError as e:
-            raise ParameterError(f"{e} (in {v!r})") from None
-    if hint is bool:
-        if isinstance(v, bool):
-            return v
-        if isinstance(v, int) and v in (0, 1):
-            return bool(v)
-        if isinstance(v, str) and v.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
-            return v.strip().lower() in ("true", "yes", "1")
-        fail()
-    if hint is int:
-        if isinstance(v, bool):
+            value = config.parse_text(name, v.strip(), hint)
+        except config.ConfigError:
             fail()
-        if isinstance(v, float) and v.is_integer():
-            return int(v)
-        if isinstance(v, int):
-            return v
-        if isinstance(v, str):
+    try:
+        return config.coerce(name, value, hint)
+    except config.ConfigError as e:
+        why = str(e).split(": ", 1)[1]
+        fail("" if why.startswith(("expected", "must be true or false")) else why.split(", got")[0])
+
+
+def _coerce_list(name: str, v, hint, fail) -> list:
+    (elem,) = typing.get_args(hint) or (typing.Any,)
+    items = v
+    if isinstance(v, str):
+        text = v.strip()
+        if text.startswith("["):
             try:
-                return int(v.strip())
-            except ValueError:
-                fail()
-        fail()
-    if hint is float:
-        if isinstance(v, bool):
-            fail()
-        if isinstance(v, str):
-            try:
-                v2 = float(v.strip())
-            except ValueError:
-                fail()
-        elif isinstance(v, (int, float)):
-            v2 = float(v)
-        else:
-            fail()
-        if not math.isfinite(v2):
-            fail("must be finite")
-        return v2
-    if hint is str:
-        if isinstance(v, str):
-            return v
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return str(v)  # papermill reads `-p target 3` as a number
-        fail()
-    if hint is dict or typing.get_origin(hint) is dict:
-        if isinstance(v, dict):
-            return v
-        if isinstance(v, str):
-            try:
-                d = ast.literal_eval(v.strip()) if v.strip() else {}
+                items = ast.literal_eval(text)
             except (ValueError, SyntaxError):
-                try:
-                    d = json.loads(v)
-                except ValueError:
-                    fail("not a mapping literal")
-            if isinstance(d, dict):
-                return d
+                fail("not a list literal")
+        else:
+            items = [p.strip() for p in text.split(",") if p.strip()]
+    elif not isinstance(v, (list, tuple)):
+        items = [v]
+    if not isinstance(items, (list, tuple)):
         fail()
-    return v  # an annotation this module does not coerce (left as given)
+    try:
+        return [coerce(name, x, elem) if elem is not typing.Any else x for x in items]
+    except ParameterError as e:
+        raise ParameterError(f"{e} (in {v!r})") from None
+
+
+def _coerce_dict(v, fail) -> dict:
+    if isinstance(v, dict):
+        return v
+    if isinstance(v, str):
+        try:
+            d = ast.literal_eval(v.strip()) if v.strip() else {}
+        except (ValueError, SyntaxError):
+            try:
+                d = json.loads(v)
+            except ValueError:
+                fail("not a mapping literal")
+        if isinstance(d, dict):
+            return d
+    fail()
 
 
 def base_config(params: dict, **overrides):
@@ -195,12 +183,10 @@ def base_config(params: dict, **overrides):
     as a tuple), with ``overrides``; a bad value raises kanlib's ConfigError naming the field."""
     import dataclasses
 
-    from kanlib.config import RunConfig
-
-    names = {f.name for f in dataclasses.fields(RunConfig)}
+    names = {f.name for f in dataclasses.fields(config.RunConfig)}
     kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items() if k in names}
     kw.update(overrides)
-    return RunConfig(**kw)
+    return config.RunConfig(**kw)
 
 
 # -- notebook files --------------------------------------------------------------------------

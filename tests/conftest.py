@@ -1,5 +1,6 @@
 """Shared fixtures. ``slurm_cluster``: a real SLURM on localhost (tests/slurm_cluster.py);
-``no_process_left``: a test of real processes leaves none behind."""
+``no_process_left``: a test of real processes leaves none behind; ``study_dir``, ``full_study_dir``,
+``calibrated``: folders of synthetic records with known answers (tests/synthetic.py)."""
 
 import os
 import signal
@@ -8,6 +9,8 @@ import time
 import pytest
 
 import runhelp
+from synthetic import (INJECTED, ddp_records, links, rec, write_bench, write_new_studies, write_records,
+                       write_study)
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +55,30 @@ def no_process_left(tmp_path):
         except ProcessLookupError:
             pass
     assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture
+def study_dir(tmp_path):
+    """Records of the four original studies (strong, weak, communication, model size)."""
+    return write_study(tmp_path)
+
+
+@pytest.fixture
+def full_study_dir(study_dir):
+    """``study_dir`` plus the newer studies (:func:`synthetic.write_new_studies`)."""
+    return write_new_studies(study_dir)
+
+
+@pytest.fixture
+def calibrated(tmp_path):
+    """A collective benchmark (1x2, 2x1, 2x1 through a 5 ms emulated link) and DDP runs that follow its link
+    model exactly, with single- and two-process strong-scaling runs (a compute profile and points to overlay)."""
+    write_bench(tmp_path, "1x2", links())
+    write_bench(tmp_path, "2x1", links())
+    write_bench(tmp_path, "2x1", links(INJECTED), emulate_latency_s=INJECTED)
+    recs = ddp_records()
+    for w, t in ((1, 0.010), (2, 0.0056)):
+        recs += [rec(world_size=w, nproc_per_node=w, global_batch=512, n_params=1_000, widths=[2, 8, 1], grid_size=5,
+                     step_time_s=t * (1 + 0.01 * r), backward_s=0.6 * t, repeat=r) for r in range(3)]
+    write_records(tmp_path, recs)
+    return tmp_path

@@ -10,7 +10,8 @@ import tempfile
 
 import torch
 
-from kanlib import records, results
+from kanlib import records
+from kanlib.analysis import load
 from kanlib.config import RunConfig
 
 BASE = dict(study="faults", model="kan", widths=(2, 4, 1), grid_size=3, nproc_per_node=2, steps=20,
@@ -24,7 +25,7 @@ def tiny(out_dir, **changes) -> RunConfig:
 
 
 def manifest_rows(cfg: RunConfig) -> list[dict]:
-    return results.load_manifest(records.manifest_path(cfg.out_dir, cfg.study)).to_dict("records")
+    return load.load_manifest(records.manifest_path(cfg.out_dir, cfg.study)).to_dict("records")
 
 
 def final_params(cfg: RunConfig) -> dict:

@@ -13,7 +13,6 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_notebooks import executed_analysis, kernel_imports_this_checkout  # noqa: E402,F401
-from test_report import full_study_dir, study_dir  # noqa: E402,F401,F811
 
 from kanlib import guidelines, report  # noqa: E402
 from runners import notebook  # noqa: E402
@@ -69,7 +68,7 @@ def open_offline(browser, path: str) -> dict:
     return {"requested": requested, "errors": errors, "plots": n_plots, "svg": n_svg, "points": n_points}
 
 
-def test_report_renders_offline_in_chromium(browser, full_study_dir):  # noqa: F811
+def test_report_renders_offline_in_chromium(browser, full_study_dir):
     path = report.build_report(str(full_study_dir), guidelines=guidelines.from_out_dir(str(full_study_dir)))
     seen = open_offline(browser, path)
     n_figures = sum(len(a.figures) for a in report.analyses(str(full_study_dir)).values())

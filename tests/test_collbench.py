@@ -12,7 +12,9 @@ import uuid
 import pytest
 
 from kanlib import collbench
-from kanlib.collbench import BenchConfig, bench_configs, check_bench_record, nccl_choice, parse_nccl_tuning
+from kanlib.analysis import load
+from kanlib.collbench import BenchConfig, bench_configs, nccl_choice, parse_nccl_tuning
+from kanlib.records import check_bench_record
 from kanlib.config import ConfigError
 
 
@@ -190,7 +192,7 @@ def test_two_process_sweep_writes_a_record_with_nccl_tests_definitions(tmp_path)
         assert r["emulated_s"] == 0.0 and r["nccl_algo_used"] is None  # gloo: no NCCL choice to read
     # moving 4 MiB takes longer than moving 8 bytes (the sweep measures transfers, not only overhead)
     assert rows[-1]["time_s"] > rows[0]["time_s"]
-    df = collbench.load_bench(str(tmp_path))
+    df = load.load_bench(str(tmp_path))
     assert len(df) == len(rows) and set(df["placement"]) == {"1x2"}
     assert list(df["size_bytes"]) == cfg.sizes() and (df["record_kind"] == "collbench").all()
 
@@ -216,6 +218,7 @@ def test_load_bench_skips_bad_records_and_other_kinds(tmp_path):
     other.mkdir(parents=True)
     (other / "record.json").write_text(json.dumps({"schema_version": 2, "step_time_s": 1.0}))
     with pytest.warns(UserWarning, match="rows is missing or empty"):
-        df = collbench.load_bench(str(tmp_path))
+        recs = load.read(str(tmp_path))
+    df = recs.bench()
     assert list(df["run_key"]) == ["a"] and df["env.NCCL_DEBUG"].tolist() == ["INFO"]
-    assert [p for p, _ in df.attrs["bad"]] == [str(broken / "record.json")]
+    assert [p for p, _ in recs.bench_bad] == [str(broken / "record.json")]

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kanlib import commmodel as cm
-from kanlib import presets
+from kanlib.analysis import commmodel as cm
+from kanlib.analysis import presets
 
 
 # -- formulas ----------------------------------------------------------------------------------------
@@ -309,7 +309,7 @@ def test_calibration_recovers_an_injected_5ms_link_and_predicts_its_exposure(tmp
     from test_collbench import launch_bench, small
     from test_hooks import _cfg
 
-    from kanlib import collbench, results
+    from kanlib.analysis import load
 
     launch_bench(small(tmp_path))  # 1x2: the intra-node link, no emulation
     # 2x1 runs with 30 timed all-reduces per size: the fit reads each size's lower decile, and with 10 one CI run
@@ -318,7 +318,7 @@ def test_calibration_recovers_an_injected_5ms_link_and_predicts_its_exposure(tmp
     launch_bench(small(tmp_path, nnodes=2, nproc_per_node=1, iters=30, emulate_latency_s=0.005))
     launch_bench(small(tmp_path, nnodes=2, nproc_per_node=1, iters=30, emulate_latency_s=0.005,
                        emulate_bandwidth_bytes_per_s=1e8))
-    bench = collbench.load_bench(str(tmp_path))
+    bench = load.load_bench(str(tmp_path))
     # The lower decile of each size's iterations: this 2-core machine is shared with other sessions'
     # tests, and under a load of 2.4 the median-based fit read the 5 ms link as 6.6-6.9 ms while the
     # lower decile read 5.4-5.6 ms (same runs); at a load of 3.1-3.4 both were within 12%.
@@ -346,7 +346,7 @@ def test_calibration_recovers_an_injected_5ms_link_and_predicts_its_exposure(tmp
     run(_cfg(tmp_path, comm_hook="timed", emulate_latency_s=0.005, **kw), launcher="multinode", echo=False,
         timeout_s=300)
     run(_cfg(tmp_path, comm_hook="noop", **kw), launcher="multinode", echo=False, timeout_s=300)
-    records = results.load_records(str(tmp_path / "ddp"))
+    records = load.load_records(str(tmp_path / "ddp"))
     parity = cm.validate_ddp(records, cm.fit_collbench(bench))  # DDP's medians against the benchmark's
     assert len(parity) == 1 and parity["why"].isna().all()
     row = parity.iloc[0]

@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from kanlib import records, results
+from kanlib import records
+from kanlib.analysis import load
 from kanlib.config import ConfigError
 from kanlib.faults import parse
 from kanlib.train import STOP_LATENCY_S
@@ -130,7 +131,7 @@ def test_sigterm_preempts_with_checkpoint_and_rerun_resumes(tmp_path, monkeypatc
     assert rec["resumed_from_step"] == 8
     assert [r["status"] for r in manifest_rows(cfg)] == ["preempted", "ok"]
     assert max_abs_diff(final_params(cfg), reference_params()) <= 1e-6
-    steps = results.load_steps(cfg.run_dir())
+    steps = load.load_steps(cfg.run_dir())
     assert steps.step.tolist() == list(range(20))  # no duplicate rows after the resume
 
 
@@ -146,7 +147,7 @@ def test_sigterm_in_the_measured_steps_stops_within_the_agreement_interval(tmp_p
     assert e.value.status == "preempted"
     marker = json.load(open(os.path.join(cfg.run_dir(), "preempted.json")))
     assert 101 <= marker["step"] <= 100 + 1000 + 1, marker
-    steps = results.load_steps(cfg.run_dir())
+    steps = load.load_steps(cfg.run_dir())
     stop_row = steps[steps.step == marker["step"] - 1].iloc[0]
     fired = steps[steps.step == 100].iloc[0]
     # about STOP_LATENCY_S; 3x for steps slower than the warm-up's under load
@@ -161,7 +162,7 @@ def test_killed_rank_restarted_gives_identical_parameters(tmp_path, monkeypatch)
     rec = run(cfg, echo=False, timeout_s=180, max_restarts=1)
     assert rec["resumed_from_step"] == 10 and rec["attempt"] == 1
     assert max_abs_diff(final_params(cfg), reference_params()) <= 1e-6
-    steps = results.load_steps(cfg.run_dir())
+    steps = load.load_steps(cfg.run_dir())
     assert steps.step.tolist() == list(range(20))
     assert steps.loc[steps.step < 10, "attempt"].eq(0).all() and steps.loc[steps.step >= 10, "attempt"].eq(1).all()
     assert not os.path.exists(os.path.join(cfg.run_dir(), "checkpoints"))  # removed once complete

@@ -80,11 +80,11 @@ def test_wall_throughput_is_the_elapsed_time_of_the_measured_steps(tmp_path):
     """wall_samples_per_s is what a user gets: samples over the elapsed time of the measured steps (rank 0's
     step-end clock in steps.csv gives it too), not the sum of each step's slowest rank, which adds the
     ranks' jitter of every step (about 25% on 5 ms steps)."""
-    from kanlib import results
+    from kanlib.analysis import load
 
     cfg = tiny(tmp_path, nproc_per_node=2, steps=300, warmup_steps=20)
     rec = run(cfg, echo=False)
-    steps = results.load_steps(cfg.run_dir())
+    steps = load.load_steps(cfg.run_dir())
     ends = steps.time_unix_s.to_numpy()  # the end of each step on rank 0
     elapsed = ends[-1] - ends[cfg.warmup_steps - 1]  # from the end of the warm-up to the end of the run
     from_clock = cfg.global_batch * (cfg.steps - cfg.warmup_steps) / elapsed

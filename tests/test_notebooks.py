@@ -14,7 +14,7 @@ from runners import notebook
 from runners.notebook import ParameterError, check_parameters
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_results import strong_records, write_records  # noqa: E402
+from synthetic import strong_records, write_new_studies, write_records, write_study  # noqa: E402
 
 SOURCES = notebook.sources()
 
@@ -237,8 +237,6 @@ def test_new_analysis_notebooks_run_on_records(tmp_path, name):
     real kernel on synthetic records and draw their figures (mime bundle for JupyterLab, HTML for exports)."""
     import nbformat
     import papermill
-    from test_report import write_new_studies, write_study
-
     out = write_new_studies(write_study(tmp_path / "out"))
     src = notebook.to_ipynb(name, str(tmp_path / "build"))
     done = tmp_path / f"{name}.ipynb"

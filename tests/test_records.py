@@ -129,3 +129,15 @@ def test_no_provenance_or_measurement_field_overwrites_a_config_field():
     config = {f.name for cls in (RunConfig, BenchConfig) for f in dataclasses.fields(cls)}
     ours = {f.name for f in dataclasses.fields(records.Provenance)} | set(records.MEASUREMENT_FIELDS)
     assert config & ours <= {"backend", "device"}  # the values used, by design (the requested ones are kept)
+
+
+def test_a_bench_record_from_its_dataclass_passes_its_check():
+    from kanlib.collbench import BenchConfig
+
+    cfg = BenchConfig(nproc_per_node=2)
+    row = records.BenchRow(8, 2, "float32", 5, 1e-4, 9e-5, 2e-4, 0.0, 8e4, 8e4)
+    rec = records.BenchRecord(records.Provenance(), cfg.to_dict(), [row], world_size=2, placement="1x2").to_dict()
+    assert rec["record_kind"] == records.BENCH_KIND and rec["rows"][0]["time_s"] == 1e-4
+    assert records.check_bench_record(rec) is None and records.check_record(rec) is None
+    rec["rows"][0]["time_s"] = -1.0
+    assert records.check_record(rec) == "rows[0].time_s is -1.0, outside its range (> 0, finite)"

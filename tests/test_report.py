@@ -1,102 +1,22 @@
 """Figures (one visual language, no lone points, no empty promises), the explorer, and the report
-(findings first beside the published numbers, offline, relative links, readable tables)."""
+(findings first beside the published numbers, offline, relative links, readable tables; the records read once,
+the link model fitted once)."""
 
 import os
 import re
-import sys
 
 import plotly.graph_objects as go
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_results import comm_records, guideline_records, rec, strong_records, weak_records, write_records  # noqa: E402
+from synthetic import (is_key, line_traces_have_two_points, model_colours, strong_records, traces_of, weak_records,
+                       without_scripts, write_records)
 
-from kanlib import guidelines, plots, report, results  # noqa: E402
-
-
-def size_records():
-    out = []
-    for model, k in (("kan", 1.0), ("mlp", 0.4)):
-        for p in (1_000, 10_000, 100_000):
-            out.append(rec(study="model_size", model=model, world_size=1, global_batch=64, widths=[2, p // 10, 1],
-                           n_params=p, peak_mem_bytes=4e8 + 20 * p, model_state_bytes=16 * p,
-                           step_time_s=k * (1e-3 + 1e-8 * p)))
-    return out
-
-
-def write_study(root):
-    """Records of the four original studies (strong, weak, communication, model size) under ``root``."""
-    recs = strong_records({"1x1": 8.0, "1x2": 4.4, "2x1": 5.0}) + strong_records({"1x1": 0.8, "1x2": 0.8}, batch=64)
-    recs += weak_records("kan", {1: 1000, 2: 1600}) + weak_records("mlp", {1: 4000, 2: 7000})
-    recs += comm_records("1x2") + comm_records("2x1", {1.0: (0.020, 0.010, 0.012), 25.0: (0.018, 0.010, 0.01)})
-    recs += size_records()
-    write_records(root, recs)
-    return root
-
-
-def write_new_studies(root):
-    """The newer studies under ``root``: time to accuracy, compounding, FSDP, data-parallel options, and a
-    collective benchmark with an emulated link and DDP runs that follow it."""
-    from test_calibration_report import INJECTED, ddp_records, links, write_bench
-    from test_study_tables import comp_rec, fsdp_records, options_records, tta_records
-
-    recs = tta_records() + fsdp_records() + options_records("1x4")
-    recs += [comp_rec(k, p, t, repeat=r) for k, ts in {"reference": {"1x1": 10.0, "1x2": 5.5},
-                                                      "fast": {"1x1": 4.0, "1x2": 2.5}}.items()
-             for p, t in ts.items() for r in range(2)]
-    recs += ddp_records()
-    write_records(root, recs)
-    write_bench(root, "1x2", links())
-    write_bench(root, "2x1", links())
-    write_bench(root, "2x1", links(INJECTED), emulate_latency_s=INJECTED)
-    return root
-
-
-@pytest.fixture
-def study_dir(tmp_path):
-    return write_study(tmp_path)
-
-
-@pytest.fixture
-def full_study_dir(study_dir):
-    """``study_dir`` plus the newer studies (:func:`write_new_studies`)."""
-    return write_new_studies(study_dir)
-
-
-def is_key(t):
-    """A legend-key entry: one point at None (draws nothing)."""
-    return t.x is not None and len(t.x) == 1 and t.x[0] is None
-
-
-def without_scripts(text):
-    return re.sub(r"<script[^>]*>.*?</script>", "", text, flags=re.S)
-
-
-def traces_of(fig):
-    return plots.data_traces(fig)
-
-
-def n_points(t):
-    return sum(v is not None for v in t.x)
-
-
-def line_traces_have_two_points(fig):
-    return all(n_points(t) >= 2 for t in traces_of(fig) if isinstance(t, go.Scatter) and "lines" in (t.mode or ""))
-
-
-def model_colours(fig):
-    """{model: {colours its data traces use}} from the legend group each data trace belongs to."""
-    out = {}
-    for t in traces_of(fig):
-        c = t.line.color if isinstance(t, go.Scatter) and "lines" in (t.mode or "") else t.marker.color
-        if isinstance(t, go.Scatter) and t.marker is not None and t.marker.line is not None and t.marker.line.color:
-            c = t.marker.line.color if t.marker.color == "white" else c
-        out.setdefault(t.legendgroup, set()).add(c)
-    return out
+from kanlib import guidelines, report, studies
+from kanlib.analysis import explorer, load, style
 
 
 def test_every_figure_keeps_one_colour_per_model_and_one_marker_per_placement(study_dir):
-    figs = {s: report.analyze(str(study_dir), s).figures for s in report.STUDY_TITLES}
+    figs = {s: report.analyze(str(study_dir), s).figures for s in studies.record_sections()}
     for study, fs in figs.items():
         for name, fig in fs.items():
             if name.startswith("extrapolation"):
@@ -104,7 +24,7 @@ def test_every_figure_keeps_one_colour_per_model_and_one_marker_per_placement(st
             for model, colours in model_colours(fig).items():
                 if model == "ideal":
                     continue
-                assert colours == {plots.model_color(model)}, (study, name, model, colours)
+                assert colours == {style.model_color(model)}, (study, name, model, colours)
             assert line_traces_have_two_points(fig), (study, name)
             # one legend: only the key entries show in it, and every data trace hides its own entry
             assert all(t.showlegend is False for t in traces_of(fig) if t.name != "ideal"), (study, name)
@@ -115,14 +35,7 @@ def test_every_figure_keeps_one_colour_per_model_and_one_marker_per_placement(st
     assert keys == ["model kan", "placement 1x1 (nodes x procs)", "placement 1x2 (nodes x procs)",
                     "placement 2x1 (nodes x procs)", "line: across nodes", "line: one node"]
     assert "diamond" not in strong.layout.title.text  # the caption never promises a marker
-    assert plots.placement_symbol("2x1") == "diamond" and plots.model_color("mlp") == "#ff7f0e"
-
-
-def test_figure_draws_no_marker_it_does_not_promise(tmp_path):
-    write_records(tmp_path, strong_records({1: 8.0, 2: 4.4}))
-    fig = report.analyze(str(tmp_path), "strong_scaling").figures["speedup_efficiency"]
-    keys = [t.name for t in fig.data if is_key(t)]
-    assert keys == ["model kan", "placement 1x1 (nodes x procs)", "placement 1x2 (nodes x procs)", "line: one node"]
+    assert style.placement_symbol("2x1") == "diamond" and style.model_color("mlp") == "#ff7f0e"
 
 
 def test_lone_points_are_not_drawn_and_the_caption_says_so(tmp_path):
@@ -139,53 +52,30 @@ def test_lone_points_are_not_drawn_and_the_caption_says_so(tmp_path):
     assert line_traces_have_two_points(s.figures["speedup_efficiency"])
 
 
-def test_strong_scaling_groups_get_their_own_subplots_and_a_work_figure(study_dir):
-    a = report.analyze(str(study_dir), "strong_scaling")
-    titles = [ann.text for ann in a.figures["speedup_efficiency"].layout.annotations]
-    assert "Speedup T(1)/T(N)<br><sup>global_batch=64</sup>" in titles
-    assert "Efficiency S/N<br><sup>global_batch=512</sup>" in titles
-    work = a.figures["work"]
-    (line,) = traces_of(work)  # 1x2 at two work sizes; 2x1 has one and is not a line
-    assert list(line.x) == pytest.approx([0.404e3, 4.04e3]) and list(line.y) == pytest.approx([0.5, 8.08 / 4.4 / 2],
-                                                                                             rel=1e-2)
-    assert a.captions["work"].endswith("at 1x2 it rises, from 50% at 404 ms to 91% at 4.04e+03 ms.")
-
-
-def test_model_size_figure_colours_match_in_all_four_panels(study_dir):
-    fig = report.analyze(str(study_dir), "model_size").figures["memory_time"]
-    by_panel = {}
-    for t in traces_of(fig):
-        by_panel.setdefault(t.xaxis, {})[t.legendgroup] = t.line.color
-    assert len(by_panel) == 4
-    assert all(p == {"kan": plots.MODEL_COLORS["kan"], "mlp": plots.MODEL_COLORS["mlp"]} for p in by_panel.values())
-    widths = {t.legendgroup: t.line.width for t in traces_of(fig)}
-    assert widths["kan"] > widths["mlp"]  # coinciding lines both stay visible
-
-
 def test_explorer_follows_its_study(study_dir):
-    df = results.load_records(str(study_dir))
-    comm = plots.explorer_options(df, "communication")
+    df = load.load_records(str(study_dir))
+    comm = explorer.explorer_options(df, "communication", studies.views())
     assert comm["x"] == ["bucket_cap_mb"]  # N (2) and n_params are one value each there: not axes
     assert "comm_total_s" in comm["metrics"] and comm["models"] == ["kan"] and comm["sizes"] == [100]
-    size = plots.explorer_options(df, "model_size")
+    size = explorer.explorer_options(df, "model_size", studies.views())
     assert size["x"][0] == "n_params" and size["models"] == ["kan", "mlp"] and size["sizes"] == [1000, 10000, 100000]
     assert "comm_total_s" not in size["metrics"]  # never measured in that study
-    w = plots.explorer(df, "strong_scaling")
+    w = explorer.explorer(df, "strong_scaling", studies.views())
     study_w, x_w, metric_w = w.children[0].children
     model_w, size_w = w.children[1].children
     assert study_w.value == "strong_scaling" and x_w.options == ("world_size", "global_batch", "local_batch")
     study_w.value = "model_size"  # the controls follow the chosen study
     assert x_w.value == "n_params" and model_w.options == ("kan", "mlp") and size_w.options == (1000, 10000, 100000)
-    fig = plots.explorer_figure(df, "communication", "bucket_cap_mb")
+    fig = explorer.explorer_figure(df, "communication", "bucket_cap_mb", views=studies.views())
     assert {t.name for t in fig.data} == {"kan 1x2 noop", "kan 1x2 timed", "kan 2x1 noop", "kan 2x1 timed"}
     with pytest.raises(ValueError, match="study: no records of 'nope'"):
-        plots.explorer_options(df, "nope")
+        explorer.explorer_options(df, "nope", studies.views())
 
 
 def test_offline_renderer_carries_the_mime_bundle_and_no_mathjax():
     import plotly.io as pio
 
-    assert plots.use_offline_renderers() == "plotly_mimetype+kanlib_notebook"
+    assert style.use_offline_renderers() == "plotly_mimetype+kanlib_notebook"
     fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4]))
     bundle = pio._renderers.renderers._build_mime_bundle(fig.to_dict(), renderers_string=pio.renderers.default)
     assert "application/vnd.plotly.v1+json" in bundle and "text/html" in bundle
@@ -225,7 +115,7 @@ def test_report_findings_first_offline_and_relative(study_dir):
 
 def test_report_captions_every_figure_and_table(full_study_dir):
     every = report.analyses(str(full_study_dir), bench_time_col="time_s")
-    assert set(every) == set(report.STUDY_TITLES) | set(report.EXTRA_TITLES)
+    assert set(every) == set(studies.sections())
     for s, a in every.items():
         assert a.figures and set(a.captions) == set(a.figures), s
         assert set(a.table_captions) == set(a.tables), s
@@ -253,17 +143,6 @@ def test_report_findings_cover_the_new_studies(full_study_dir):
         assert f["published"], f["topic"]
 
 
-def test_display_table_formats_units_and_intervals(study_dir):
-    a = report.analyze(str(study_dir), "strong_scaling")
-    t = a.summary()
-    assert list(t.columns) == ["model", "global_batch", "placement", "runs", "step time (ms)", "speedup",
-                               "efficiency", "Karp-Flatt serial fraction"]
-    row = t[(t["global_batch"] == "512") & (t["placement"] == "1x2")].iloc[0]
-    assert re.fullmatch(r"4\.44e\+03 \[[\d.e+]+, [\d.e+]+\]", row["step time (ms)"])
-    assert re.fullmatch(r"1\.82x \[1\.\d\dx, 1\.\d\dx\]", row["speedup"])
-    assert re.fullmatch(r"91% \[\d\d%, \d\d%\]", row["efficiency"])
-
-
 def test_figures_save_as_offline_files(study_dir, tmp_path):
     a = report.analyze(str(study_dir), "strong_scaling")
     paths = a.save(str(tmp_path / "figures"))
@@ -274,13 +153,61 @@ def test_figures_save_as_offline_files(study_dir, tmp_path):
 
 
 def test_explorer_keeps_kernels_parallelisms_and_rules_apart(full_study_dir):
-    df = results.load_records(str(full_study_dir))
-    comp = plots.explorer_figure(df, "compounding")
+    df = load.load_records(str(full_study_dir))
+    comp = explorer.explorer_figure(df, "compounding", views=studies.views())
     assert {t.name for t in comp.data} == {"kan 1x1 fast fast", "kan 1x1 reference reference", "kan 1x2 fast fast",
                                            "kan 1x2 reference reference"}
-    size = plots.explorer_figure(df, "model_size")
+    size = explorer.explorer_figure(df, "model_size", views=studies.views())
     assert {"kan 1x2 ddp", "kan 1x2 fsdp"} <= {t.name for t in size.data}
-    tta = plots.explorer_options(df, "time_to_accuracy")
+    tta = explorer.explorer_options(df, "time_to_accuracy", studies.views())
     assert "time_to_target_s" in tta["metrics"] and tta["x"][0] == "world_size"
-    assert {t.name for t in plots.explorer_figure(df, "time_to_accuracy", metric="time_to_target_s").data} == {
+    assert {t.name for t in explorer.explorer_figure(df, "time_to_accuracy", metric="time_to_target_s", views=studies.views()).data} == {
         "kan 1x1 linear", "kan 1x1 none", "kan 1x2 linear", "kan 1x2 none", "kan 2x1 none"}
+
+
+def test_report_has_the_calibration_published_setup_and_extrapolation(calibrated):
+    g = guidelines.from_out_dir(str(calibrated))
+    path = report.build_report(str(calibrated), guidelines=g, bench_time_col="time_s")
+    body = open(path).read()
+    body = body[body.index("<body>"):]
+    assert "Calibration: the link model on a known signal" in body
+    assert re.search(r"injected latency 5 ms, recovered 5 ms \([+-]0\.00%, within 20%: yes\)", body)
+    for title in [t for s, t in studies.titles().items() if s not in studies.record_sections()]:
+        assert f"<h2>{title}</h2>" in body
+    assert "5.97x / 74.7% / 1.3-6.1% measured on the published cluster" in body
+    n_figures = sum(len(a.figures) for a in report.analyses(str(calibrated), bench_time_col="time_s").values())
+    assert body.count("Plotly.newPlot") == n_figures
+    assert "collbench: 3 records" in body  # the benchmark's raw records are linked too
+    assert str(calibrated) not in body
+
+
+def test_a_report_build_reads_each_record_once_and_fits_the_link_model_once(calibrated, monkeypatch):
+    """Every record.json is opened once per build (however many sections, findings, methods and guidelines read
+    the records), and the link model is fitted once; with the guidelines computed first on the same folder, the
+    report reuses what they read."""
+    import builtins
+
+    from kanlib.analysis import commmodel
+
+    opened, fitted = [], []
+    real_open, real_fit = builtins.open, commmodel.fit_collbench
+
+    def counting_open(file, *args, **kwargs):
+        if str(file).endswith("record.json"):
+            opened.append(os.path.abspath(str(file)))
+        return real_open(file, *args, **kwargs)
+
+    def counting_fit(*args, **kwargs):
+        fitted.append(1)
+        return real_fit(*args, **kwargs)
+
+    files = sorted(load.find_record_files(str(calibrated)))
+    assert any("collbench" in f for f in files) and any("strong_scaling" in f for f in files)
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(commmodel, "fit_collbench", counting_fit)
+    report.build_report(str(calibrated))
+    assert sorted(opened) == files and len(fitted) == 1
+    opened.clear(), fitted.clear()
+    g = guidelines.from_out_dir(str(calibrated))  # notebook 05: the guidelines, then the report
+    report.build_report(str(calibrated), guidelines=g)
+    assert sorted(opened) == files and len(fitted) == 1

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from kanlib import records, results
+from kanlib import records
+from kanlib.analysis import load
 from runhelp import manifest_rows, processes_mentioning, tiny
 from runners.sweep import run_sweep
 
@@ -88,7 +89,7 @@ def test_killed_sweep_resumes_only_what_is_missing(tmp_path, sig):
     assert rows == [(configs[0].run_key(), "ok")] + interrupted + [(configs[1].run_key(), "ok")]
     rec = {r["run_key"]: r for r in res.records}[configs[1].run_key()]
     assert rec["resumed_from_step"] > 0  # continued from its checkpoint, not from scratch
-    steps = results.load_steps(configs[1].run_dir())
+    steps = load.load_steps(configs[1].run_dir())
     assert steps.step.tolist() == list(range(400))
 
 
@@ -100,8 +101,8 @@ def test_manifest_tolerates_truncated_line_and_concurrent_appends(tmp_path):
         f.write('{"run_key": "b", "stat')  # a writer died mid-line
     records.append_manifest(path, {"run_key": "c", "status": "failed", "error": "x"})
     with pytest.warns(UserWarning, match="line 2"):
-        df = results.load_manifest(path)
-    assert df.run_key.tolist() == ["a", "c"] and df.attrs["bad"][0][:2] == (path, 2)
+        df, bad = load.read_manifest(path)
+    assert df.run_key.tolist() == ["a", "c"] and bad[0][:2] == (path, 2)
     with pytest.raises(ValueError, match="status: unknown value 'done'"):
         records.append_manifest(path, {"run_key": "d", "status": "done"})
 
@@ -112,8 +113,8 @@ def test_manifest_tolerates_truncated_line_and_concurrent_appends(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", code, str(n)]) for n in range(4)]
     assert all(p.wait(timeout=60) == 0 for p in procs)
     with pytest.warns(UserWarning):
-        df = results.load_manifest(path)
-    assert len(df) == 2 + 200 and len(df.attrs["bad"]) == 1
+        df, bad = load.read_manifest(path)
+    assert len(df) == 2 + 200 and len(bad) == 1
 
 
 def test_steps_loader_drops_a_truncated_last_line(tmp_path):
@@ -124,10 +125,10 @@ def test_steps_loader_drops_a_truncated_last_line(tmp_path):
     with open(tmp_path / records.STEPS_NAME, "a") as f:
         f.write("3,1,0.1")
     with pytest.warns(UserWarning, match="line 5: truncated row"):
-        df = results.load_steps(str(tmp_path))
+        df = load.load_steps(str(tmp_path))
     assert df.step.tolist() == [0, 1, 2]
     records.truncate_steps(str(tmp_path / records.STEPS_NAME), 2)
-    assert results.load_steps(str(tmp_path)).step.tolist() == [0, 1]
+    assert load.load_steps(str(tmp_path)).step.tolist() == [0, 1]
 
 
 def test_corrupt_records_are_named_and_skipped(tmp_path):
@@ -143,19 +144,19 @@ def test_corrupt_records_are_named_and_skipped(tmp_path):
     junk.mkdir()
     (junk / records.RECORD_NAME).write_text("[1, 2]")
     with pytest.warns(UserWarning, match="skipped 2 unreadable"):
-        df = results.load_records(str(tmp_path))
-    assert len(df) == 1
-    bad = {os.path.basename(os.path.dirname(p)): (line, reason) for p, line, reason in df.attrs["bad"]}
+        recs = load.read(str(tmp_path))
+    assert len(recs.select().data) == 1
+    bad = {os.path.basename(os.path.dirname(p)): (line, reason) for p, line, reason in recs.bad}
     assert bad["run-b"][0] == 3 and bad["run-c"][1].startswith("not a run record")
-    with pytest.raises(results.RecordError, match=f"^{cut / records.RECORD_NAME}, line 3: "):
-        results.load_records(str(tmp_path), strict=True)
+    with pytest.raises(load.RecordError, match=f"^{cut / records.RECORD_NAME}, line 3: "):
+        load.load_records(str(tmp_path), strict=True)
 
 
 def test_empty_output_dir_says_no_records(tmp_path):
-    with pytest.raises(results.NoRecordsError, match=f"^no records under {tmp_path}"):
-        results.load_records(str(tmp_path))
-    with pytest.raises(results.NoRecordsError, match=f"^no records of study 'x' under {tmp_path}"):
-        results.load_records(str(tmp_path), study="x")
+    with pytest.raises(load.NoRecordsError, match=f"^no records under {tmp_path}"):
+        load.load_records(str(tmp_path))
+    with pytest.raises(load.NoRecordsError, match=f"^no records of study 'x' under {tmp_path}"):
+        load.load_records(str(tmp_path), study="x")
 
 
 def _torchrun_children(pid: int) -> list[int]:
@@ -262,7 +263,7 @@ def test_two_concurrent_sweeps_run_each_run_once(tmp_path):
     assert sorted(r["run_key"] for r in rows) == sorted(c.run_key() for c in configs)  # one row per run
     assert {r["status"] for r in rows} == {"ok"}
     for c in configs:
-        assert results.load_steps(c.run_dir()).step.tolist() == list(range(60))  # no interleaved rows
+        assert load.load_steps(c.run_dir()).step.tolist() == list(range(60))  # no interleaved rows
 
 
 def test_code_change_changes_the_run_key(tmp_path):
@@ -278,8 +279,9 @@ def test_code_change_changes_the_run_key(tmp_path):
                               text=True, check=True).stdout.split()
 
     first = key()
-    with open(tmp_path / "kanlib" / "plots.py", "a") as f:  # analysis only: measurements unchanged
-        f.write("\n# a comment\n")
+    for analysis in ("analysis/style.py", "studies/strong_scaling.py", "report.py"):  # measurements unchanged
+        with open(tmp_path / "kanlib" / analysis, "a") as f:
+            f.write("\n# a comment\n")
     assert key() == first
     with open(tmp_path / "kanlib" / "train.py", "a") as f:  # an uncommitted edit of what a run executes
         f.write("\n# a comment\n")

@@ -33,7 +33,7 @@ transfer the benchmark predicts for its recorded buckets and the waiting for oth
 
 **Extrapolation** (:func:`predict_scaling`, :func:`extrapolation_table`, :func:`ring_tree_crossover`,
 :func:`sizes_above`): step time, efficiency and exposed communication from 1 to thousands of GPUs for
-a compute profile (:class:`ComputeProfile`, measured or a preset of kanlib.presets). It ignores
+a compute profile (:class:`ComputeProfile`, measured or a preset of kanlib.analysis.presets). It ignores
 stragglers, congestion and contention between the P processes of a node sharing its network: read
 it as an optimistic bound.
 
@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from kanlib.analysis.groups import hashable
 
 ALGOS = ("ring", "tree")
 LINKS = ("intra", "inter")
@@ -124,6 +126,22 @@ class Link:
     n_points: int = 0
     source: str = "fit"
 
+    def describe(self, used: bool = False) -> str:
+        """``45 us, 1.2 GB/s`` (see :meth:`LinkModel.describe`)."""
+        if used:
+            lat = f"{self.raw_alpha_s * 1e6:.3g} us" + ("" if self.alpha_s is not None else " (unresolved)")
+            bw = (f"{1 / self.raw_beta_s_per_byte / 1e9:.3g} GB/s" if self.raw_beta_s_per_byte > 0
+                  else "no bandwidth term") + ("" if self.bandwidth_bytes_per_s is not None else " (unresolved)")
+            return f"{lat}, {bw}"
+        lat = f"{self.alpha_s * 1e6:.3g} us" if self.alpha_s is not None else f"latency not resolved ({self.alpha_why})"
+        if self.bandwidth_bytes_per_s is not None:
+            bw = f"{self.bandwidth_bytes_per_s / 1e9:.3g} GB/s"
+        elif self.bandwidth_why == "unlimited (given as 0)":
+            bw = "unlimited bandwidth"
+        else:
+            bw = f"bandwidth not resolved ({self.bandwidth_why})"
+        return f"{lat}, {bw}"
+
     @classmethod
     def given(cls, name: str, alpha_s: float, bandwidth_bytes_per_s: float, source: str = "given") -> "Link":
         """A link with known constants (a preset or a what-if); bandwidth 0 = unlimited."""
@@ -152,11 +170,12 @@ class LinkModel:
         nb = np.asarray(n_bytes, dtype=float)
         t = np.zeros_like(nb) + (self.base_s if terms else 0.0)
         for name, (lat, fac) in terms.items():
-            link = self._link(name)
+            link = self.link(name)
             t = t + lat * link.raw_alpha_s + fac * nb * link.raw_beta_s_per_byte
         return t
 
-    def _link(self, kind: str) -> Link:
+    def link(self, kind: str) -> Link:
+        """The link of kind ``kind`` (``intra`` or ``inter``; an emulated inter-node link stands in for ``inter``)."""
         if kind in self.links:
             return self.links[kind]
         if kind == "inter":  # a model fitted on one emulated inter-node link uses it as its inter-node link
@@ -165,6 +184,12 @@ class LinkModel:
                 return emulated[0]
         raise ValueError(f"link: this {self.label or self.algo} model has no {kind!r} link "
                          f"(it has {', '.join(self.links) or 'none'}); measure a placement that uses it")
+
+    def describe(self, used: bool = False) -> str:
+        """The links in one line: ``intra 45 us, 1.2 GB/s; inter: latency not resolved (why), 80 MB/s`` (a constant
+        the data could not resolve is named so, never printed as 0). ``used``: the values predictions use
+        instead (the fit's, resolved or not), each unresolved one marked ``(unresolved)``."""
+        return "; ".join(f"{name} {link.describe(used)}" for name, link in self.links.items())
 
     def unresolved(self) -> list[str]:
         """``link.constant`` names that the data did not resolve (predictions there are unreliable)."""
@@ -261,7 +286,7 @@ def _fit_weighted(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def fit_collbench(bench: pd.DataFrame, min_share: float = 0.05, max_rel_se: float = 0.5,
                   time_col: str = "time_s") -> dict[tuple, CollFit]:
-    """Fit latency and bandwidth of every link on collbench rows (kanlib.collbench.load_bench).
+    """Fit latency and bandwidth of every link on collbench rows (kanlib.analysis.load.load_bench).
 
     One fit per ``(backend, device, algorithm, emulate_latency_s, emulate_bandwidth_bytes_per_s)``;
     single-node points (which no emulation touches) join every fit of their backend, device and
@@ -273,7 +298,7 @@ def fit_collbench(bench: pd.DataFrame, min_share: float = 0.05, max_rel_se: floa
     need = ("backend", "nnodes", "nproc_per_node", "size_bytes", time_col)
     missing = [c for c in need if c not in bench]
     if missing:
-        raise ValueError(f"the link fit needs the collbench columns {missing} (kanlib.collbench.load_bench)")
+        raise ValueError(f"the link fit needs the collbench columns {missing} (kanlib.analysis.load.load_bench)")
     d = bench[bench["nnodes"] * bench["nproc_per_node"] > 1].copy()
     d["time_s"] = d[time_col]
     if d.empty:
@@ -540,17 +565,13 @@ _TWIN_KEYS = ("nnodes", "nproc_per_node", "model", "widths", "grid_size", "splin
               "static_graph", "grad_accum_steps", "task")
 
 
-def _hashable(v):
-    return tuple(v) if isinstance(v, list) else v
-
-
 def _twins(records: pd.DataFrame) -> list[tuple[dict, pd.DataFrame, pd.DataFrame]]:
     """``(point, timed runs, no-op runs)`` for every configuration with both (the no-op twin of an
     emulated run is the same configuration without emulation)."""
     keys = [k for k in _TWIN_KEYS if k in records]
     d = records.copy()
     for k in keys:
-        d[k] = d[k].map(_hashable)
+        d[k] = d[k].map(hashable)
     out = []
     for key, g in d.groupby(keys, dropna=False, sort=True):
         noop = g[g["comm_hook"] == "noop"]

@@ -1,4 +1,5 @@
-"""The experiments of the study, each a function returning the list of configs to run.
+"""The plan of each study: a function returning the list of configs to run (the analysis of each study is
+its module in kanlib/studies/).
 
 Every point is repeated ``repeats`` times (separate processes, ``repeat`` = 0..repeats-1); ``base``
 carries everything a study does not vary (model, task, steps, out_dir, ...). Where a study spans process
@@ -102,7 +103,7 @@ def communication(world_sizes=None, base: RunConfig | None = None, bucket_caps_m
                   emulate_latency_s: float = 0.0, emulate_bandwidth_bytes_per_s: float = 0.0):
     """For each placement, bucket size, NCCL algorithm and communication hook: one run with that hook
     (timed all-reduce, or bf16/fp16/powersgd) and one with the no-op hook, so exposed communication =
-    T_hook - T_noop (kanlib.results). Single-process placements are skipped (nothing to communicate).
+    T_hook - T_noop (kanlib.studies.communication). Single-process placements are skipped (nothing to communicate).
     ``emulate_*`` put an emulated inter-node link under the multi-node placements (kanlib.hooks)."""
     base = base or RunConfig()
     cfgs = []

@@ -1,31 +1,33 @@
-"""Study builders, and the no-op-hook communication measurement on a real 2-process gloo run."""
+"""The studies' config builders (runners/plans.py), and the no-op-hook communication measurement on a real
+2-process gloo run."""
 
 import pytest
 
-from kanlib import results
+from kanlib.analysis import load
 from kanlib.config import ConfigError, RunConfig
-from runners import studies
+from kanlib.studies import communication
+from runners import plans
 from runners.sweep import run_sweep
 
 
 def test_strong_and_weak_builders(tmp_path):
     base = RunConfig(global_batch=64, out_dir=str(tmp_path))
-    s = studies.strong_scaling([1, 2, 4], base, repeats=2)
+    s = plans.strong_scaling([1, 2, 4], base, repeats=2)
     assert [(c.world_size, c.repeat) for c in s] == [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1)]
     assert {c.global_batch for c in s} == {64} and {c.study for c in s} == {"strong_scaling"}
-    w = studies.weak_scaling([1, 2, 4], base, per_process_batches=[16])
+    w = plans.weak_scaling([1, 2, 4], base, per_process_batches=[16])
     assert [c.global_batch for c in w] == [16, 32, 64] and all(c.local_batch == 16 for c in w)
-    topo = studies.strong_scaling([4, 8], base, procs_per_node=4)
+    topo = plans.strong_scaling([4, 8], base, procs_per_node=4)
     assert [(c.nnodes, c.nproc_per_node) for c in topo] == [(1, 4), (2, 4)]
     with pytest.raises(ConfigError, match="^procs_per_node:"):
-        studies.strong_scaling([6], base, procs_per_node=4)
+        plans.strong_scaling([6], base, procs_per_node=4)
     with pytest.raises(ConfigError, match="^repeats:"):
-        studies.strong_scaling([1], base, repeats=0)
+        plans.strong_scaling([1], base, repeats=0)
 
 
 def test_communication_builder_pairs_timed_and_noop(tmp_path):
     base = RunConfig(global_batch=64, out_dir=str(tmp_path))
-    c = studies.communication([2, 4], base, bucket_caps_mb=[1, 25])
+    c = plans.communication([2, 4], base, bucket_caps_mb=[1, 25])
     assert len(c) == 8 and sum(x.comm_hook == "noop" for x in c) == 4
     assert len({x.run_key() for x in c}) == 8
 
@@ -34,7 +36,7 @@ def test_model_size_builder_pairs_each_kan_with_a_matched_mlp_at_each_placement(
     from kanlib.model import KAN, MLP
 
     base = RunConfig(global_batch=64, out_dir=str(tmp_path), widths=(2, 8, 1))
-    c = studies.model_size([8, 32], base, parallelisms=["ddp", "fsdp"], placements=["1x2", "2x1"])
+    c = plans.model_size([8, 32], base, parallelisms=["ddp", "fsdp"], placements=["1x2", "2x1"])
     assert len(c) == 2 * 2 * 2 * 2  # widths x parallelisms x placements x (kan, mlp)
     assert {(x.nnodes, x.nproc_per_node) for x in c} == {(1, 2), (2, 1)}
     n_params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
@@ -44,7 +46,7 @@ def test_model_size_builder_pairs_each_kan_with_a_matched_mlp_at_each_placement(
         k, m = n_params(KAN(list(kan.widths), impl="reference")), n_params(MLP(list(mlp.widths)))
         assert abs(k - m) <= 0.05 * k
     # without placements: world_size processes on one node
-    assert {(x.nnodes, x.nproc_per_node) for x in studies.model_size([8], base, world_size=2)} == {(1, 2)}
+    assert {(x.nnodes, x.nproc_per_node) for x in plans.model_size([8], base, world_size=2)} == {(1, 2)}
 
 
 def test_calibration_without_emulated_placements_benchmarks_the_machines_links(tmp_path):
@@ -52,10 +54,10 @@ def test_calibration_without_emulated_placements_benchmarks_the_machines_links(t
     from kanlib.collbench import BenchConfig
 
     base = RunConfig(global_batch=64, out_dir=str(tmp_path))
-    runs, bench = studies.calibration(base, BenchConfig(out_dir=str(tmp_path)), placements=[],
+    runs, bench = plans.calibration(base, BenchConfig(out_dir=str(tmp_path)), placements=[],
                                       bench_placements=["1x2"])
     assert runs == [] and [(b.nnodes, b.nproc_per_node, b.emulate_latency_s) for b in bench] == [(1, 2, 0.0)]
-    runs, bench = studies.calibration(base, BenchConfig(out_dir=str(tmp_path)), placements=["2x1"],
+    runs, bench = plans.calibration(base, BenchConfig(out_dir=str(tmp_path)), placements=["2x1"],
                                       emulate_latency_s=0.005, bench_placements=["1x2"])
     assert {(c.nnodes, c.comm_hook, c.emulate_latency_s) for c in runs} == {(2, "timed", 0.005), (2, "noop", 0.0)}
     assert sorted((b.nnodes, b.emulate_latency_s) for b in bench) == [(1, 0.0), (2, 0.005)]
@@ -65,10 +67,10 @@ def test_calibration_without_emulated_placements_benchmarks_the_machines_links(t
 def test_exposed_communication_on_two_gloo_processes(tmp_path):
     base = RunConfig(widths=(2, 64, 64, 1), global_batch=128, steps=25, warmup_steps=5, n_train=2048, kan_impl="fast",
                      out_dir=str(tmp_path))
-    cfgs = studies.communication([2], base, bucket_caps_mb=[0.05, 25.0])
+    cfgs = plans.communication([2], base, bucket_caps_mb=[0.05, 25.0])
     res = run_sweep(cfgs, progress=False, rerun_disturbed=False)
     assert res.ok, res.failures
-    df = results.load_records(str(tmp_path))
+    df = load.load_records(str(tmp_path))
     timed = df[df["comm_hook"] == "timed"].set_index("bucket_cap_mb")
     noop = df[df["comm_hook"] == "noop"]
     assert (timed["comm_total_s"] > 0).all()
@@ -76,7 +78,7 @@ def test_exposed_communication_on_two_gloo_processes(tmp_path):
     # the hook saw DDP's real buckets: 43k float32 gradients (172 kB) fit one 25 MiB bucket and need more
     # than one 0.05 MiB bucket (a parameter tensor is never split, so not 172/52 of them)
     assert timed.loc[25.0, "n_buckets"] == 1 and timed.loc[0.05, "n_buckets"] >= 2
-    t = results.communication_table(df).set_index("bucket_cap_mb")
+    t = communication.table(df).data.set_index("bucket_cap_mb")
     assert (t["exposed_s"] >= 0).all() and (t["exposed_s"] <= t["comm_total_s"]).all()
     # the raw difference is kept, and clipping it into [0, total] is flagged, never silent
     assert (t["exposed_raw_s"] == t["t_allreduce_s"] - t["t_noop_s"]).all()

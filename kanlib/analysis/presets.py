@@ -1,4 +1,4 @@
-"""Hardware presets for the performance model (kanlib.commmodel): PRESETS, NOT MEASUREMENTS.
+"""Hardware presets for the performance model (kanlib.analysis.commmodel): PRESETS, NOT MEASUREMENTS.
 
 Each preset takes its link bandwidths from vendor specifications and its per-hop latencies from
 NCCL's own tuning model, with the source beside every number. Datasheet bandwidths are peaks
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from kanlib.commmodel import ComputeProfile, Link, LinkModel, kan_param_bytes, predict_scaling
+from kanlib.analysis.commmodel import ComputeProfile, Link, LinkModel, kan_param_bytes, predict_scaling
 
 NCCL_TUNING_SOURCE = "NCCL src/graph/tuning.cc (ncclTunerConstantsDefaults: baseLatencies, hwLatencies), NCCL 2.30"
 # NCCL's latency model (us): a collective costs baseLat + steps x hwLat; LL protocol (small messages).
@@ -49,7 +49,7 @@ class Preset:
     note: str = "a preset from specifications, not a measurement"
 
     def link_model(self, algo: str = "ring") -> LinkModel:
-        """The preset's :class:`~kanlib.commmodel.LinkModel` for ``algo`` (ring or tree): NCCL's LL
+        """The preset's :class:`~kanlib.analysis.commmodel.LinkModel` for ``algo`` (ring or tree): NCCL's LL
         per-hop latencies for NVLink / network and its base latency per all-reduce, datasheet bandwidths."""
         if algo not in ("ring", "tree"):
             raise ValueError(f"algo: unknown value {algo!r}; choose ring or tree")
@@ -202,7 +202,7 @@ def published_comparison(profile: ComputeProfile | None = None, model: LinkModel
 def _scaled(model: LinkModel, link: str, alpha: float = 1.0, beta: float = 1.0) -> LinkModel:
     """``model`` with one link's latency and inverse bandwidth multiplied (a what-if)."""
     links = dict(model.links)
-    lk = model._link(link)
+    lk = model.link(link)
     links[lk.name] = replace(lk, raw_alpha_s=lk.raw_alpha_s * alpha, raw_beta_s_per_byte=lk.raw_beta_s_per_byte * beta,
                              alpha_s=None if lk.alpha_s is None else lk.alpha_s * alpha,
                              bandwidth_bytes_per_s=None if lk.bandwidth_bytes_per_s is None

@@ -1,0 +1,106 @@
+"""Numbers as a reader wants them, one function per unit: times in ms, fractions in %, speedups as x,
+95% intervals in brackets, bytes with a binary prefix. Anything not finite prints as ``n/a``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def finite(v) -> bool:
+    """Whether ``v`` is a finite number (None and NaN are not)."""
+    return v is not None and bool(np.isfinite(v))
+
+
+def ms(v) -> str:
+    """Seconds as milliseconds, 3 significant digits."""
+    return f"{v * 1e3:.3g}" if np.isfinite(v) else "n/a"
+
+
+def us(v) -> str:
+    """Seconds as microseconds, 3 significant digits."""
+    return f"{v * 1e6:.3g}" if finite(v) else "n/a"
+
+
+def sec(v) -> str:
+    """Seconds, 3 significant digits."""
+    return f"{v:.3g}" if np.isfinite(v) else "n/a"
+
+
+def pct(v) -> str:
+    """A fraction as a whole percentage."""
+    return f"{v:.0%}" if np.isfinite(v) else "n/a"
+
+
+def pct1(v) -> str:
+    """A fraction as a percentage with one decimal."""
+    return f"{v:.1%}" if np.isfinite(v) else "n/a"
+
+
+def signed_pct(v) -> str:
+    """A relative change as a signed percentage with two decimals."""
+    return f"{v:+.2%}" if finite(v) else "n/a"
+
+
+def x(v) -> str:
+    """A ratio as ``1.23x``."""
+    return f"{v:.2f}x" if np.isfinite(v) else "n/a"
+
+
+def mib(v) -> str:
+    """Bytes in MiB with a thousands separator."""
+    return f"{v / 2**20:,.1f}" if finite(v) else "n/a"
+
+
+def nbytes(b: float) -> str:
+    """Bytes with the largest binary prefix that keeps the number below 1024: ``3.2 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(b) < 1024 or unit == "TiB":
+            return f"{b:.3g} {unit}"
+        b /= 1024
+    return f"{b:.3g} TiB"
+
+
+def ci_text(v, lo, hi, fmt) -> str:
+    """``fmt(v) [fmt(lo), fmt(hi)]``; only ``fmt(v)`` when the interval is the point or not finite."""
+    if not np.isfinite(v):
+        return "n/a"
+    if np.isfinite(lo) and np.isfinite(hi) and (lo != v or hi != v):
+        return f"{fmt(v)} [{fmt(lo)}, {fmt(hi)}]"
+    return fmt(v)
+
+
+def ci_column(t: pd.DataFrame, col: str, fmt, lo: str | None = None, hi: str | None = None) -> list[str]:
+    """:func:`ci_text` of every row of column ``col`` of ``t`` (bounds ``<col>_lo`` / ``<col>_hi`` by default)."""
+    return [ci_text(v, a, b, fmt) for v, a, b in zip(t[col], t[lo or f"{col}_lo"], t[hi or f"{col}_hi"])]
+
+
+def pct_ci(row, col: str, lo: str | None = None, hi: str | None = None) -> str:
+    """``91% [88%, 93%]``: a row's fraction ``col`` with its interval (always both bounds, ``n/a`` if missing)."""
+    lo_v, hi_v = row.get(lo or f"{col}_lo", np.nan), row.get(hi or f"{col}_hi", np.nan)
+    return f"{pct(row[col])} [{pct(lo_v)}, {pct(hi_v)}]"
+
+
+def value(v) -> str:
+    """A config value as a reader writes it: lists for tuples, integral floats as integers."""
+    if isinstance(v, tuple):
+        return str(list(v))
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def link_desc(lat: float, bw: float) -> str:
+    """An emulated link: ``5000 us, 1 GB/s``, or ``none``."""
+    if not (lat or bw):
+        return "none"
+    return f"{lat * 1e6:g} us" + (f", {bw / 1e9:g} GB/s" if bw else "")
+
+
+def distinct(df: pd.DataFrame, col: str) -> str:
+    """The distinct values of ``col`` as a reader writes them, sorted and comma-separated (``not recorded`` when
+    there is none)."""
+    if col not in df:
+        return "not recorded"
+    vals = sorted({value(tuple(v) if isinstance(v, list) else v) for v in df[col].dropna()})
+    return ", ".join(vals) if vals else "not recorded"

@@ -1,0 +1,251 @@
+"""Reading what runs wrote: every ``record.json`` under a folder in one pass, sorted into training runs and
+collective benchmarks; the code-version policy; per-step rows and manifests.
+
+Runtime code never imports this package (a rank imports no pandas); what a run writes is defined in
+kanlib.records. Derived quantities are computed by the study modules (kanlib.studies), never stored.
+
+- **One read.** :func:`read` opens each ``record.json`` once and keeps its training runs, its benchmark rows
+  and what it could not use (:class:`Records`); everything else selects from that.
+- **Code.** Records of different code (``code_version``; schema-1 records, which have none, count as the
+  version ``unknown``) are never pooled. By default :meth:`Records.select` keeps, per study, the records of the
+  newest code version (the one whose latest run finished last) and names what it left out
+  (:attr:`Selection.left_out`); ``code="all"`` keeps every version as a group of its own.
+- **Bad values.** A record that cannot be read or fails :func:`kanlib.records.check_record` (a NaN, zero or
+  negative step time, ...) is skipped, named (:attr:`Records.bad`) and warned about.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from kanlib.records import (BENCH_KIND, MANIFEST_NAME, RECORD_NAME, STEP_COLUMNS, STEPS_NAME, RecordError,
+                            check_bench_record, check_record, read_manifest_rows, read_steps_rows)
+
+
+class NoRecordsError(FileNotFoundError):
+    """No record was found under the given folder."""
+
+
+UNKNOWN_CODE = "unknown"
+"""The code version of records written before ``code_version`` existed (schema 1)."""
+
+CODE_POLICIES = ("newest", "all")
+
+
+def find_record_files(root: str) -> list[str]:
+    """Every ``record.json`` below ``root`` (sorted)."""
+    return sorted(glob.glob(os.path.join(root, "**", RECORD_NAME), recursive=True))
+
+
+def read_json(path: str):
+    """The parsed JSON of ``path`` (the one place a record file is opened)."""
+    with open(path) as f:
+        return json.loads(f.read())
+
+
+@dataclass
+class Selection:
+    """The training records one analysis uses: ``data`` (one row per run, nested ``env`` flattened as
+    ``env.X``, ``code_version`` and ``record_path`` on every row) and what the code policy ``code`` left out
+    (dicts of study, code_version, git_sha, n_records)."""
+
+    data: pd.DataFrame
+    left_out: list[dict] = field(default_factory=list)
+    code: str = "newest"
+
+    @property
+    def code_note(self) -> str:
+        """One sentence naming the records left out by the code policy ('' when none were)."""
+        return code_note(self.left_out)
+
+
+@dataclass
+class Records:
+    """Every record under ``root``, read once: training runs (flattened rows), collective-benchmark rows (one per
+    run x message size) and the files that could not be used, as ``(file, line, reason)`` (training records and
+    files that are no record at all) and ``(file, reason)`` (benchmark records)."""
+
+    root: str
+    runs: list[dict] = field(default_factory=list)
+    bench_rows: list[dict] = field(default_factory=list)
+    bad: list[tuple] = field(default_factory=list)
+    bench_bad: list[tuple] = field(default_factory=list)
+
+    def select(self, study: str | None = None, code: str = "newest") -> Selection:
+        """The training records of ``study`` (every study when None) that the code policy ``code`` keeps:
+        ``"newest"`` keeps, per study, the code version whose last run finished latest; ``"all"`` keeps every
+        version (the tables then group by ``code_version``); any other string keeps that ``code_version`` only.
+        No record raises :class:`NoRecordsError` saying where it looked."""
+        if not isinstance(code, str) or not code:
+            raise ValueError(f"code: expected 'newest', 'all' or a code_version string, got {code!r}")
+        rows = [r for r in self.runs if study is None or r.get("study") == study]
+        if not rows:
+            what = f" of study {study!r}" if study else ""
+            raise NoRecordsError(f"no records{what} under {os.path.abspath(self.root)}"
+                                 + (f" ({len(self.bad)} unreadable)" if self.bad else ""))
+        df, left_out = select_code(pd.DataFrame(rows), code)
+        if df.empty:
+            raise NoRecordsError(f"no records of code_version {code!r} under {os.path.abspath(self.root)} "
+                                 f"(have: {', '.join(sorted({d['code_version'] for d in left_out}))})")
+        sort = [c for c in ("study", "world_size", "nnodes", "repeat") if c in df]
+        return Selection(df.sort_values(sort, kind="stable").reset_index(drop=True), left_out, code)
+
+    def bench(self) -> pd.DataFrame:
+        """The collective-benchmark rows: the run's scalar fields (config, provenance, ``placement``,
+        ``backend``/``device`` used, ``run_key``; environment variables as ``env.X``, ``record_path``) and the
+        row's (``size_bytes``, ``time_s``, ``algbw_bytes_per_s``, ...). Empty without benchmark records."""
+        return pd.DataFrame(self.bench_rows)
+
+
+def read(root: str, strict: bool = False) -> Records:
+    """Read every ``record.json`` under ``root`` once. A file that is not JSON, not an object, or fails
+    :func:`kanlib.records.check_record` is skipped and named, with a warning; with ``strict=True`` the first
+    training record that cannot be used raises :class:`kanlib.records.RecordError`."""
+    out = Records(root)
+    for path in find_record_files(root):
+        try:
+            rec = read_json(path)
+            kind = rec.get("record_kind", "train") if isinstance(rec, dict) else "train"
+            if kind == BENCH_KIND:
+                _add_bench(out, path, rec)
+            if kind != "train":
+                continue  # a collective benchmark's record, or a kind this version does not analyse
+            why = check_record(rec)
+            if why:
+                raise ValueError(why)
+        except (OSError, ValueError) as e:
+            line = getattr(e, "lineno", None)
+            reason = getattr(e, "msg", None) or str(e)
+            if strict:
+                raise RecordError(f"{path}" + (f", line {line}" if line else "") + f": {reason}") from e
+            out.bad.append((path, line, reason))
+            continue
+        row = flatten(rec)
+        row["code_version"] = row.get("code_version") or UNKNOWN_CODE
+        row["record_path"] = path
+        out.runs.append(row)
+    if out.bad:
+        warnings.warn(f"skipped {len(out.bad)} unreadable record(s): "
+                      + "; ".join(f"{p} line {ln}: {r}" for p, ln, r in out.bad), stacklevel=2)
+    if out.bench_bad:
+        warnings.warn("skipped unusable collbench record(s): " + "; ".join(f"{p}: {w}" for p, w in out.bench_bad),
+                      stacklevel=2)
+    return out
+
+
+def _add_bench(out: Records, path: str, rec: dict) -> None:
+    why = check_bench_record(rec)
+    if why:
+        out.bench_bad.append((path, why))
+        return
+    run = {k: v for k, v in rec.items() if k not in ("rows", "env")}
+    run.update({f"env.{k}": v for k, v in (rec.get("env") or {}).items()})
+    run["record_path"] = path
+    out.bench_rows += [{**run, **row} for row in rec["rows"]]
+
+
+def load_records(root: str, study: str | None = None, strict: bool = False, code: str = "newest") -> pd.DataFrame:
+    """The training records under ``root`` (of ``study``, kept by the code policy ``code``) as one row each:
+    ``read(root, strict).select(study, code).data`` (see :func:`read`, :meth:`Records.select`)."""
+    return read(root, strict).select(study, code).data
+
+
+def load_bench(root: str) -> pd.DataFrame:
+    """Every collective-benchmark row under ``root`` (:meth:`Records.bench`)."""
+    return read(root).bench()
+
+
+def select_code(df: pd.DataFrame, code: str = "newest") -> tuple[pd.DataFrame, list[dict]]:
+    """The rows of ``df`` kept by the code policy ``code`` (see :meth:`Records.select`), and what was left out."""
+    if code == "all" or "code_version" not in df:
+        return df, []
+    keep = pd.Series(False, index=df.index)
+    studies = df["study"] if "study" in df else pd.Series("", index=df.index)
+    for s in studies.unique():
+        sel = studies == s
+        if code == "newest":
+            # the version whose latest run finished last (schema-1 records may lack finished_at)
+            when = df.loc[sel, "finished_at"] if "finished_at" in df else pd.Series("", index=df.index[sel])
+            when = when.fillna("").astype(str)
+            if "started_at" in df:
+                when = when.where(when != "", df.loc[sel, "started_at"].fillna("").astype(str))
+            newest = when.groupby(df.loc[sel, "code_version"]).max().sort_values(kind="stable").index[-1]
+            keep |= sel & (df["code_version"] == newest)
+        else:
+            keep |= sel & (df["code_version"] == code)
+    out = df[~keep]
+    left = []
+    for (s, cv), g in out.groupby([studies[~keep], out["code_version"]], sort=True):
+        shas = sorted({str(v) for v in g.get("git_sha", pd.Series(["unknown"])).fillna("unknown")})
+        left.append({"study": s, "code_version": cv, "git_sha": ", ".join(shas), "n_records": int(len(g))})
+    return df[keep], left
+
+
+def code_note(left_out: list[dict]) -> str:
+    """One sentence naming the records left out by the code policy ('' when none were)."""
+    if not left_out:
+        return ""
+    parts = [f"{d['n_records']} {d['study']} record(s) of code_version {d['code_version']} (git {d['git_sha']})"
+             for d in left_out]
+    return ("Left out records of other code (never pooled with the newest; load with code='all' to see them "
+            "as separate groups): " + "; ".join(parts) + ".")
+
+
+def flatten(rec: dict) -> dict:
+    """A record as one flat row: nested objects as ``key.subkey``, lists as tuples (hashable, groupable)."""
+    out = {}
+    for k, v in rec.items():
+        if isinstance(v, dict):
+            for k2, v2 in v.items():
+                out[f"{k}.{k2}"] = v2
+        elif isinstance(v, list):
+            out[k] = tuple(v)
+        else:
+            out[k] = v
+    return out
+
+
+# -- per-step rows and manifests -----------------------------------------------------------------------
+def read_steps(run_dir: str) -> tuple[pd.DataFrame, list[tuple]]:
+    """The per-step rows of one run (long format) and the rows that could not be read, as ``(file, line,
+    reason)`` (a last line cut short by a crash is dropped and named), with a warning."""
+    path = os.path.join(run_dir, STEPS_NAME)
+    rows, bad = read_steps_rows(path)
+    df = pd.DataFrame(rows, columns=STEP_COLUMNS)
+    for c in STEP_COLUMNS:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    df = df.astype({"step": "int64", "measured": "int64"})
+    df["attempt"] = df["attempt"].fillna(0).astype("int64")
+    if bad:
+        warnings.warn(f"{path}: skipped {len(bad)} unreadable row(s): "
+                      + "; ".join(f"line {ln}: {r}" for _, ln, r in bad), stacklevel=2)
+    return df, bad
+
+
+def load_steps(run_dir: str) -> pd.DataFrame:
+    """The per-step rows of one run (:func:`read_steps` without the unreadable rows' names)."""
+    return read_steps(run_dir)[0]
+
+
+def read_manifest(path: str) -> tuple[pd.DataFrame, list[tuple]]:
+    """Rows of a manifest (or of ``<dir>/manifest.jsonl``) in the order written, and the lines that are not
+    JSON objects (a last line cut short, garbage) as ``(file, line, reason)``, with a warning. A missing file
+    gives an empty frame."""
+    if os.path.isdir(path):
+        path = os.path.join(path, MANIFEST_NAME)
+    rows, bad = read_manifest_rows(path)
+    if bad:
+        warnings.warn(f"{path}: skipped {len(bad)} unreadable line(s): "
+                      + "; ".join(f"line {ln}: {r}" for _, ln, r in bad), stacklevel=2)
+    return pd.DataFrame(rows, columns=None if rows else ["run_key", "status"]), bad
+
+
+def load_manifest(path: str) -> pd.DataFrame:
+    """Rows of a manifest (:func:`read_manifest` without the unreadable lines' names)."""
+    return read_manifest(path)[0]

@@ -1,0 +1,157 @@
+"""Statistics of the study: medians over repeats with percentile bootstrap 95% intervals
+(:func:`scipy.stats.bootstrap`), Amdahl and Karp-Flatt, and the checks a guideline makes against a target
+or between two intervals.
+
+Every interval is a percentile bootstrap at :data:`LEVEL` with :data:`N_BOOT` resamples and its own generator
+seeded with ``seed`` (default :data:`SEED`), so a table is the same every time it is computed from the same
+records, whatever else was computed before it. Several samples (a speedup: the baseline's runs and the
+point's) are resampled independently.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats as _scipy_stats
+
+N_BOOT = 2000
+"""Bootstrap resamples per interval."""
+LEVEL = 0.95
+"""Confidence level of every interval."""
+SEED = 0
+"""Seed of each interval's generator: outputs are reproducible."""
+
+
+def bootstrap_interval(samples, statistic, n_boot: int = N_BOOT, level: float = LEVEL,
+                       seed: int = SEED) -> tuple[float, float]:
+    """Percentile bootstrap interval ``(low, high)`` of ``statistic(*samples, axis=-1)``, resampling each sample
+    independently. A sample of one value cannot vary and is held as it is; with no sample of two or more values
+    the interval is the statistic itself on both sides (no spread can be estimated)."""
+    samples = [np.asarray(s, dtype=float) for s in samples]
+    free = [i for i, s in enumerate(samples) if s.size > 1]
+    if not free:
+        v = float(statistic(*samples, axis=-1))
+        return v, v
+
+    def resampled(*drawn, axis=-1):
+        args = list(samples)
+        for i, d in zip(free, drawn):
+            args[i] = d
+        return statistic(*args, axis=axis)
+
+    res = _scipy_stats.bootstrap([samples[i] for i in free], resampled, n_resamples=n_boot, vectorized=True,
+                                 confidence_level=level, method="percentile", rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def bootstrap_ci(values, n_boot: int = N_BOOT, level: float = LEVEL, seed: int = SEED) -> tuple[float, float]:
+    """Percentile bootstrap interval of the median of the finite ``values``: ``(low, high)``; NaN for none."""
+    a = np.asarray(values, dtype=float)
+    a = a[np.isfinite(a)]
+    if a.size == 0:
+        return float("nan"), float("nan")
+    return bootstrap_interval([a], np.median, n_boot, level, seed)
+
+
+def median_ci(v, n_boot: int = N_BOOT, seed: int = SEED) -> tuple[float, float, float]:
+    """The median of ``v`` with its bootstrap interval: ``(median, low, high)``."""
+    lo, hi = bootstrap_ci(v, n_boot=n_boot, seed=seed)
+    return float(np.median(v)), lo, hi
+
+
+def _median_ratio(a, b, axis=-1):
+    return np.median(a, axis=axis) / np.median(b, axis=axis)
+
+
+def ratio_ci(a, b, n_boot: int = N_BOOT, scale: float = 1.0, seed: int = SEED) -> tuple[float, float, float]:
+    """``scale * median(a) / median(b)`` with a bootstrap interval resampling both (non-finite values left out;
+    NaN when either has no finite value)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if not a.size or not b.size:
+        return float("nan"), float("nan"), float("nan")
+    lo, hi = bootstrap_interval([a, b], _median_ratio, n_boot, seed=seed)
+    return scale * float(np.median(a)) / float(np.median(b)), scale * lo, scale * hi
+
+
+def exposed_share_ci(timed, noop, n_boot: int = N_BOOT, seed: int = SEED) -> tuple[float, float]:
+    """Bootstrap interval of ``max(0, median(timed) - median(noop)) / median(timed)``: the exposed share of the
+    step, resampling the timed runs and their no-op twins."""
+    def share(a, b, axis=-1):
+        ta = np.median(a, axis=axis)
+        return np.clip(ta - np.median(b, axis=axis), 0.0, None) / ta
+
+    return bootstrap_interval([timed, noop], share, n_boot, seed=seed)
+
+
+# -- scaling laws ---------------------------------------------------------------------------------
+def karp_flatt(speedup, n):
+    """Experimentally determined serial fraction ``e = (1/S - 1/N) / (1 - 1/N)`` (NaN at N = 1)."""
+    s = np.asarray(speedup, dtype=float)
+    n = np.asarray(n, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(n > 1, (1 / s - 1 / n) / (1 - 1 / n), np.nan)
+
+
+def amdahl_speedup(n, serial_fraction):
+    """Amdahl's law ``S(N) = 1 / (s + (1 - s) / N)``."""
+    n = np.asarray(n, dtype=float)
+    return 1.0 / (serial_fraction + (1.0 - serial_fraction) / n)
+
+
+def fit_amdahl(n, speedup) -> float:
+    """Least-squares serial fraction ``s`` in [0, 1] of Amdahl's law through the points (N, S).
+
+    Linear in ``u = 1/S = s (1 - 1/N) + 1/N``, so ``s`` has a closed form.
+    """
+    n = np.asarray(n, dtype=float)
+    s = np.asarray(speedup, dtype=float)
+    a = 1 - 1 / n
+    y = 1 / s - 1 / n
+    if not np.any(a > 0):
+        return float("nan")
+    return float(np.clip(np.sum(a * y) / np.sum(a * a), 0.0, 1.0))
+
+
+# -- decisions --------------------------------------------------------------------------------------
+MARGIN = 0.10
+"""A candidate counts as better only beyond this relative margin: single runs have no interval, and repeated
+runs of one config here differ by several percent."""
+
+
+def meets(value, target: float) -> bool:
+    """Whether ``value`` reaches ``target``: False for NaN, infinity, zero and negative values, so a
+    broken measurement can never make a guideline claim a target is met."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(v) and v > 0 and v + 1e-12 >= target
+
+
+def within_margin(values, margin: float = MARGIN):
+    """Which of ``values`` (times: smaller is better) lie within ``margin`` (relative) of the smallest: the
+    candidates a single run cannot tell apart, so a guideline names them together instead of picking one
+    that the next run may not pick."""
+    v = values.astype(float)
+    return v <= v.min() * (1 + margin)
+
+
+def ranges_overlap(a, b, col_a: str, col_b: str, margin: float = 0.0) -> bool | None:
+    """Whether the interval ``a[col_a_lo], a[col_a_hi]`` and ``b[col_b_lo], b[col_b_hi]``, each widened upward by
+    ``margin`` (relative), overlap; None when either bound is not finite."""
+    lo_a, hi_a = float(a.get(f"{col_a}_lo", np.nan)), float(a.get(f"{col_a}_hi", np.nan))
+    lo_b, hi_b = float(b.get(f"{col_b}_lo", np.nan)), float(b.get(f"{col_b}_hi", np.nan))
+    if not np.isfinite([lo_a, hi_a, lo_b, hi_b]).all():
+        return None
+    return bool(lo_a <= hi_b * (1 + margin) and lo_b <= hi_a * (1 + margin))
+
+
+def intervals_overlap(a, b, margin: float = MARGIN) -> bool | None:
+    """Whether the 95% intervals of the overhead fractions of points ``a`` and ``b``, each widened upward by
+    ``margin`` (relative), overlap; None when either has no finite interval. With two runs per point an interval
+    is about the range of the runs, so intervals that merely do not touch flip between study runs (the exposed
+    communication of 1x2 and 2x1, one host apart from the launch: '14% [12%, 16%]' and '16% [14%, 18%]' in one
+    run, '14% [13%, 15%]' clear of 2x1's in the next)."""
+    return ranges_overlap(a, b, "overhead", "overhead", margin)

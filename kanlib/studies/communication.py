@@ -1,0 +1,485 @@
+"""Communication: exposed communication by the no-op-hook method, per placement, bucket size and NCCL algorithm.
+
+Each point runs with a timed all-reduce hook and with a no-op hook (same bucketing, no network); the exposed
+communication is the difference, clipped to the hook's total all-reduce time. Plain DDP (the timed
+full-precision hook, no other option) is what placements, buckets and the calibrated model are judged on; the
+options are weighed against it in kanlib.studies.options. Guideline: the placement and bucket size exposing the
+least communication, and the largest world size the link model calibrated on the collective benchmark predicts
+at the target.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from kanlib.analysis import commmodel, fmt, groups, stats, style
+from kanlib.analysis.context import Context, Goals
+from kanlib.analysis.explorer import View
+from kanlib.analysis.section import StudyAnalysis
+from kanlib.analysis.table import Table
+
+NAME = SECTION = RECORDS = "communication"
+TITLE = "Communication: overhead, the calibrated link model, data-parallel options"
+PUBLISHED = "communication overhead 1.3%-6.1% of the step"
+AXES = ("comm_hook", "emulate_latency_s", "emulate_bandwidth_bytes_per_s", "nnodes", "nproc_per_node",
+        "bucket_cap_mb", "nccl_algo")
+"""What varies within a group: the no-op run is each point's reference; emulation applies to the hooked runs."""
+SWEPT = ("nnodes", "nproc_per_node", "bucket_cap_mb", "nccl_algo", "comm_hook", "emulate_latency_s",
+         "emulate_bandwidth_bytes_per_s", "grad_accum_steps", "gradient_as_bucket_view", "static_graph",
+         "powersgd_rank")
+EXPLORER = View(x=("world_size", "bucket_cap_mb", "n_params"),
+                series=("comm_hook", "grad_accum_steps", "gradient_as_bucket_view", "static_graph"))
+OPTION_FIELDS = {"comm_hook": "timed", "grad_accum_steps": 1, "gradient_as_bucket_view": False, "static_graph": False}
+"""The data-parallel options of the study and their plain-DDP values."""
+PLAIN_BUCKET_MB = 25.0
+"""DDP's default bucket cap: the plain point a bucket-size option is compared with."""
+
+
+def design(df: pd.DataFrame) -> groups.Design:
+    """How this study's records split (:func:`kanlib.analysis.groups.design`)."""
+    return groups.design(df, NAME, AXES, SWEPT)
+
+
+def table(df: pd.DataFrame, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> Table:
+    """Exposed communication by the no-op-hook method, per point (group, placement, bucket size, NCCL
+    algorithm) and communication hook.
+
+    Each point needs runs with a real communication hook (``timed``, or ``bf16``/``fp16``/``powersgd``,
+    each bucket timed; possibly through an emulated link) and runs with ``comm_hook='noop'`` (same
+    bucketing, no network). With medians over repeats:
+
+    - ``t_allreduce_s``: step time with the hook's communication; ``t_noop_s``: step time without it;
+    - ``comm_total_s``: summed bucket communication time per step (includes queueing and waiting);
+    - ``exposed_raw_s = t_allreduce_s - t_noop_s``: the communication the step waits for;
+    - ``exposed_s``: the same clipped to ``[0, comm_total_s]`` (outside it is timing noise;
+      ``exposed_clipped`` says when that happened);
+    - ``overlap_s = comm_total_s - exposed_s``; ``overlap_fraction = overlap_s / comm_total_s``;
+    - ``overhead_fraction = exposed_s / t_allreduce_s`` (the study's 'communication overhead'), with a
+      bootstrap interval ``overhead_lo``/``overhead_hi`` resampling both kinds of run (of the difference
+      clipped at 0 only, so the no-op runs' noise shows; it always holds the point);
+    - ``compute_s = t_allreduce_s - exposed_s``.
+
+    Groups are every other config field that differs (grid size, ``kan_impl``, widths, ...). Raises KeyError
+    when no point has both kinds of run.
+    """
+    have = set(df["comm_hook"].unique()) if "comm_hook" in df else set()
+    if "noop" not in have or not have - {"noop", "default"}:
+        raise KeyError("communication_table needs runs with comm_hook 'noop' and with a timed hook "
+                       f"('timed', 'bf16', 'fp16' or 'powersgd'); have {sorted(have)}")
+    df, dropped = groups.valid(groups.with_placement(df), "step_time_s")
+    for c in ("emulate_latency_s", "emulate_bandwidth_bytes_per_s"):
+        if c not in df:
+            df[c] = 0.0
+    d = groups.groups_of(df, NAME, AXES, SWEPT)
+    point = list(dict.fromkeys(d.groups + [k for k in ("nnodes", "nproc_per_node", "bucket_cap_mb", "nccl_algo")
+                                           if k in df]))
+    rows = []
+    for key, g in groups.groupby(df, point):
+        z = g[g["comm_hook"] == "noop"]
+        if z.empty:
+            continue
+        hooked = g[~g["comm_hook"].isin(["noop", "default"])]
+        for hk, t in groups.groupby(hooked, ["comm_hook", "emulate_latency_s", "emulate_bandwidth_bytes_per_s"]):
+            rows.append({**key, **hk, **_point(key, t, z, n_boot, seed)})
+    out = pd.DataFrame(rows)
+    if not out.empty:
+        out = out.sort_values(["world_size", "nnodes", "bucket_cap_mb"], kind="stable").reset_index(drop=True)
+    return groups.finish(out, d, dropped, "step_time_s")
+
+
+def _point(key: dict, t: pd.DataFrame, z: pd.DataFrame, n_boot: int, seed: int) -> dict:
+    """One row of the table: the hooked runs ``t`` of a point against its no-op runs ``z``."""
+    tz = z["step_time_s"].to_numpy(float)
+    tn, tn_lo, tn_hi = stats.median_ci(tz, n_boot, seed)
+    ta_v = t["step_time_s"].to_numpy(float)
+    ta, ta_lo, ta_hi = stats.median_ci(ta_v, n_boot, seed)
+    ct_v = groups.numbers(t, "comm_total_s")
+    ct = float(np.nanmedian(ct_v)) if np.isfinite(ct_v).any() else float("nan")
+    raw = ta - tn
+    exposed = float(np.clip(raw, 0.0, ct)) if np.isfinite(ct) else max(raw, 0.0)
+    # The interval is that of the unclipped difference (clipped at 0 only), widened to hold the point:
+    # clipping the bootstrap at comm_total_s too collapsed it onto that bound whenever the no-op runs
+    # were noisy ("27% [27%, 28%]" where two runs of the same point measured 20% and 28%).
+    ov_lo, ov_hi = stats.exposed_share_ci(ta_v, tz, n_boot, seed)
+    ov_lo, ov_hi = min(ov_lo, exposed / ta), max(ov_hi, exposed / ta)
+    n = int(key["nnodes"]) * int(key["nproc_per_node"])
+    return {"world_size": n, "placement": groups.placement_of(key["nnodes"], key["nproc_per_node"]),
+            "inter_node": int(key["nnodes"]) > 1, "n_runs": int(min(len(t), len(z))),
+            "t_allreduce_s": ta, "t_allreduce_lo": ta_lo, "t_allreduce_hi": ta_hi,
+            "t_noop_s": tn, "t_noop_lo": tn_lo, "t_noop_hi": tn_hi,
+            "comm_total_s": ct, "exposed_raw_s": raw, "exposed_s": exposed, "exposed_clipped": bool(exposed != raw),
+            "overlap_s": ct - exposed, "overlap_fraction": (ct - exposed) / ct if ct > 0 else np.nan,
+            "overhead_fraction": exposed / ta, "overhead_lo": ov_lo, "overhead_hi": ov_hi, "compute_s": ta - exposed}
+
+
+def plain_ddp(t: Table) -> Table:
+    """The rows of a communication table that are plain DDP: the timed full-precision hook and every
+    option of :data:`OPTION_FIELDS` at its plain value (a missing value predates the
+    option: plain). The option fields leave the group fields, so figures do not facet by them."""
+    out = t.data
+    for f, v in OPTION_FIELDS.items():
+        if f in out:
+            out = out[out[f].isna() | (out[f].map(groups.hashable) == v)]
+    return t.with_data(out.copy(), [f for f in t.groups if f not in OPTION_FIELDS])
+
+
+def option_label(opts: dict, bucket_cap_mb: float, powersgd_rank: int | None = None) -> str:
+    """A readable name of a data-parallel option set: ``plain DDP``, ``bf16``, ``powersgd rank 1``,
+    ``grad_accum_steps=2``, ``0.05 MiB buckets``, joined by ``+``."""
+    parts = []
+    hook = opts.get("comm_hook", "timed")
+    if hook != "timed":
+        parts.append(f"powersgd rank {int(powersgd_rank or 1)}" if hook == "powersgd" else hook)
+    if int(opts.get("grad_accum_steps", 1)) != 1:
+        parts.append(f"grad_accum_steps={int(opts['grad_accum_steps'])}")
+    for f in ("gradient_as_bucket_view", "static_graph"):
+        if bool(opts.get(f, False)):
+            parts.append(f)
+    if float(bucket_cap_mb) != PLAIN_BUCKET_MB:
+        parts.append(f"{float(bucket_cap_mb):g} MiB buckets")
+    return " + ".join(parts) or "plain DDP"
+
+
+def records_of(ctx: Context) -> pd.DataFrame:
+    """The study's records with placements, and the emulated link's fields filled (0 = none), once per build."""
+    def make():
+        recs = groups.with_placement(ctx.runs(RECORDS).data)
+        for c in ("emulate_latency_s", "emulate_bandwidth_bytes_per_s"):
+            recs[c] = recs[c].fillna(0.0) if c in recs else 0.0
+        return recs
+
+    return ctx.cached((NAME, "records"), make)
+
+
+def table_of(ctx: Context) -> Table:
+    """:func:`table` of the study's records, once per build."""
+    return ctx.cached((NAME, "table"), lambda: table(ctx.runs(RECORDS).data))
+
+
+# -- figure ----------------------------------------------------------------------------------------
+def _point_labels(t: pd.DataFrame) -> pd.Series:
+    parts = [t["placement"], t["bucket_cap_mb"].map(lambda v: f"{v:g} MiB")]
+    if "nccl_algo" in t and t["nccl_algo"].nunique() > 1:
+        parts.append(t["nccl_algo"].replace("", "NCCL's choice"))
+    if t["comm_hook"].nunique() > 1:
+        parts.append(t["comm_hook"])
+    emu = (t["emulate_latency_s"] > 0) | (t["emulate_bandwidth_bytes_per_s"] > 0)
+    if emu.any():
+        parts.append(np.where(emu, [f"link {a * 1e6:g} us" + (f", {b / 1e9:g} GB/s" if b else "")
+                                    for a, b in zip(t["emulate_latency_s"], t["emulate_bandwidth_bytes_per_s"])],
+                              "no emulation"))
+    out = pd.Series(parts[0].astype(str).to_numpy(), index=t.index)
+    for p in parts[1:]:
+        out = out + ", " + pd.Series(np.asarray(p, dtype=str), index=t.index)
+    return out
+
+
+def figure(table: Table, title: str = "Communication overhead") -> go.Figure:
+    """Per point (placement, bucket size, ...): step time split into compute (light bar, hidden
+    communication included) and exposed communication (solid bar) in the model's colour, the total
+    all-reduce time (placement marker), and the exposed share of the step with its interval."""
+    facets = style.facets(table.data, table.group_fields())
+    fig, cols = style.grid(len(facets), 2, [f for f, _ in facets],
+                           ["Step time: compute + exposed communication (ms)", "Exposed share of the step (overhead)"])
+    for i, (label, g) in enumerate(facets):
+        g = g.sort_values(["world_size", "nnodes", "bucket_cap_mb"], kind="stable")
+        x = _point_labels(g)
+        for m, gm in g.groupby("model", sort=True):
+            xm, col = x[gm.index], style.model_color(m)
+            r, c = style.cell(i, 0, cols, 2)
+            fig.add_trace(go.Bar(x=xm, y=gm["compute_s"] * 1e3, name=f"{m} compute", legendgroup=str(m),
+                                 showlegend=False, marker=dict(color=col, opacity=0.35)), r, c)
+            fig.add_trace(go.Bar(x=xm, y=gm["exposed_s"] * 1e3, name=f"{m} exposed", legendgroup=str(m),
+                                 showlegend=False, marker=dict(color=col)), r, c)
+            fig.add_trace(go.Scatter(x=xm, y=gm["comm_total_s"] * 1e3, mode="markers", name=f"{m} total comm",
+                                     legendgroup=str(m), showlegend=False,
+                                     marker=dict(symbol=style.symbols(gm), size=11, color="white",
+                                                 line=dict(color=col, width=2))), r, c)
+            r, c = style.cell(i, 1, cols, 2)
+            fig.add_trace(go.Scatter(x=xm, y=gm["overhead_fraction"], mode="markers", name=f"{m} overhead",
+                                     legendgroup=str(m), showlegend=False,
+                                     marker=dict(symbol=style.symbols(gm), size=11, color=col),
+                                     **style.error_bars(gm, "overhead_fraction", "overhead_lo", "overhead_hi")), r, c)
+        r, c = style.cell(i, 1, cols, 2)
+        fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=r, col=c)
+    style.legend_key(fig, sorted(table.data["model"].unique()), style.drawn_placements(fig, table.data),
+                     extra=[("bar: compute (light), exposed (solid)", dict(mode="markers", marker=dict(
+                         symbol="square", color=style.GREY, size=12))),
+                            ("hollow marker: total all-reduce time", dict(mode="markers", marker=dict(
+                                symbol="circle", color="white", size=11, line=dict(color=style.GREY, width=2))))])
+    fig.update_layout(barmode="stack", title=title, template=style.TEMPLATE)
+    return fig
+
+
+def analyze(ctx: Context) -> StudyAnalysis:
+    """The table and the overhead figure of plain DDP (the calibration and the options follow in their own
+    modules of the same section)."""
+    t = table_of(ctx)
+    plain = plain_ddp(t)
+    a = StudyAnalysis(NAME, table=t)
+    a.add_figure("overhead", figure(plain if len(plain) else t), (
+        "Per point (placement, bucket size, ...): step time split into compute with hidden communication (light) "
+        "and exposed communication (solid), the total all-reduce time (hollow marker), and the exposed share of "
+        "the step with its bootstrap 95% interval. See which placement and bucket size expose the least, and how "
+        "much of the all-reduce hides behind the backward pass."
+        + (" Plain DDP points only (the timed full-precision hook, no other option); the options follow below."
+           if 0 < len(plain) < len(t) else "")))
+    return a
+
+
+def record_label(row) -> str:
+    """What names one record in the report's list besides model, widths, batch, placement and repeat: its hook
+    and bucket size."""
+    return f" {row.get('comm_hook', '')} {row.get('bucket_cap_mb', '')} MiB"
+
+def display_table(t: Table) -> pd.DataFrame:
+    """Per point: step with and without the network, the hook's total, the exposed part and its share, overlap."""
+    d = t.data
+    if d.empty:
+        return pd.DataFrame()
+    out = {**{f: d[f].map(fmt.value) for f in t.group_fields()}, "placement": d["placement"],
+           "bucket (MiB)": d["bucket_cap_mb"].map(lambda v: f"{v:g}")}
+    if d["nccl_algo"].nunique() > 1 or (d["nccl_algo"] != "").any():
+        out["NCCL algorithm"] = d["nccl_algo"].replace("", "NCCL's choice")
+    if d["comm_hook"].nunique() > 1:
+        out["hook"] = d["comm_hook"]
+    emu = (d["emulate_latency_s"] > 0) | (d["emulate_bandwidth_bytes_per_s"] > 0)
+    if emu.any():
+        out["emulated link"] = [fmt.link_desc(a, b) if e else "none"
+                                for a, b, e in zip(d["emulate_latency_s"], d["emulate_bandwidth_bytes_per_s"], emu)]
+    out.update({"runs": d["n_runs"],
+                "step (ms)": fmt.ci_column(d, "t_allreduce_s", fmt.ms, "t_allreduce_lo", "t_allreduce_hi"),
+                "no-op step (ms)": fmt.ci_column(d, "t_noop_s", fmt.ms, "t_noop_lo", "t_noop_hi"),
+                "all-reduce total (ms)": d["comm_total_s"].map(fmt.ms),
+                "exposed (ms)": [fmt.ms(v) + (" (clipped)" if c else "") for v, c in
+                                 zip(d["exposed_s"], d["exposed_clipped"])],
+                "overhead": fmt.ci_column(d, "overhead_fraction", fmt.pct1, "overhead_lo", "overhead_hi"),
+                "overlap": d["overlap_fraction"].map(fmt.pct)})
+    return pd.DataFrame(out).reset_index(drop=True)
+
+
+def finding(a: StudyAnalysis) -> list[dict]:
+    """The range of the exposed share of the step over plain timed points on the machine's own link."""
+    if a.empty or a.table is None or a.table.empty:
+        return []
+    t = a.table.data
+    t = t[(t["comm_hook"] == "timed") & (t["emulate_latency_s"] == 0) & (t["emulate_bandwidth_bytes_per_s"] == 0)]
+    t = t[np.isfinite(t["overhead_fraction"].to_numpy(float))]
+    if t.empty:
+        return []
+    lo, hi = t.loc[t["overhead_fraction"].idxmin()], t.loc[t["overhead_fraction"].idxmax()]
+
+    def point(r):
+        return (f"{fmt.ci_text(r['overhead_fraction'], r['overhead_lo'], r['overhead_hi'], fmt.pct1)} "
+                f"({r['placement']}, {r['bucket_cap_mb']:g} MiB)")
+
+    return [{"study": SECTION, "topic": "Communication overhead (exposed / step)",
+             "ours": f"{point(lo)} to {point(hi)} over {len(t)} points", "published": PUBLISHED}]
+
+
+# -- guideline -------------------------------------------------------------------------------------
+def best_bucket(comm: pd.DataFrame, placement: str | None = None) -> dict:
+    """The bucket size (and NCCL algorithm) with the least exposed communication at the largest N (of
+    ``placement``, when given). Points whose exposed time is not finite are not candidates."""
+    c = comm if placement is None else comm[comm["placement"] == placement]
+    c = c[np.isfinite(c["exposed_s"].to_numpy(float))]
+    if c.empty:
+        raise ValueError("best_bucket: no point with a finite exposed communication time")
+    n_max = int(c["world_size"].max())
+    at = c[c["world_size"] == n_max]
+    row = at.loc[at["exposed_s"].idxmin()]
+    # the other bucket sizes whose 95% intervals overlap the best one's: the data do not rank them
+    tied = sorted(float(r["bucket_cap_mb"]) for _, r in at.iterrows()
+                  if r["bucket_cap_mb"] != row["bucket_cap_mb"] and stats.intervals_overlap(row, r))
+    return {"world_size": n_max, "placement": row["placement"], "bucket_cap_mb": float(row["bucket_cap_mb"]),
+            "nccl_algo": row.get("nccl_algo", "") or "default", "exposed_s": float(row["exposed_s"]),
+            "overhead_fraction": float(row["overhead_fraction"]), "overhead_lo": float(row.get("overhead_lo", np.nan)),
+            "overhead_hi": float(row.get("overhead_hi", np.nan)), "tied_caps_mb": tied}
+
+
+def _overlaps(a, b) -> bool:
+    """Whether the 95% intervals of the overhead fractions of points ``a`` and ``b`` overlap (no interval: only
+    a point with itself, or with its own placement)."""
+    both = stats.intervals_overlap(a, b)
+    if both is None:
+        return a is b or (a.get("placement") == b.get("placement"))
+    return both
+
+
+def calibrated_prediction(timed: pd.DataFrame, noop: pd.DataFrame, fits: dict, target: float,
+                          max_world_size: int = 4096) -> dict:
+    """Extrapolate one measured DDP point with the collective-benchmark fit.
+
+    timed / noop: the point's runs with the timed hook and its no-op twins (one configuration). The
+    compute profile comes from the no-op twin: ``T_noop(N) = c n_params B / N`` gives ``c``, and its
+    backward share says when buckets become ready; the buckets are the ones the timed runs recorded;
+    each bucket's all-reduce comes from the fit of the same backend, device, algorithm and emulated link
+    (:func:`kanlib.analysis.commmodel.find_fit`), on nodes of the point's processes per node. Returns
+    ``world_size`` (largest with efficiency >= target, or None), the prediction table and a description; raises
+    ValueError saying why when the point or the fit cannot support a prediction.
+    """
+    if timed.empty or noop.empty:
+        raise ValueError("the point needs timed runs and their no-op twins")
+    r = timed.iloc[0]
+    buckets = r.get("bucket_bytes")
+    if not isinstance(buckets, (list, tuple)) or not buckets:
+        raise ValueError("its records carry no bucket_bytes (schema 1)")
+    nn, pp = int(r["nnodes"]), int(r["nproc_per_node"])
+    n, b, n_params = nn * pp, int(r["global_batch"]), int(r["n_params"])
+    t_noop = float(np.median(noop["step_time_s"].to_numpy(float)))
+    bwd = float(np.median(noop["backward_s"].to_numpy(float))) if "backward_s" in noop else 2 * t_noop / 3
+    profile = commmodel.ComputeProfile(t_noop * n / (n_params * b), 0.0, min(max(bwd / t_noop, 0.0), 1.0),
+                                       f"measured: the no-op twin at {nn}x{pp}")
+    algo = commmodel.row_algorithm(r.get("backend", ""), r.get("nccl_algo", ""), r.get("nccl_algo_used"))
+    f = commmodel.find_fit(fits, r.get("backend", ""), r.get("device", "cpu"), algo, nn,
+                           r.get("emulate_latency_s", 0.0), r.get("emulate_bandwidth_bytes_per_s", 0.0))
+    if f is None:
+        raise ValueError(f"no collective-benchmark fit for {r.get('backend')}/{r.get('device')}/{algo} with this "
+                         f"run's link (emulated latency {float(r.get('emulate_latency_s') or 0):g} s)")
+    pred = commmodel.predict_scaling(f.model, profile, list(reversed(list(buckets))),
+                                     commmodel.powers_of_two(max_world_size), pp, global_batch=b,
+                                     bucket_cap_mb=float(r["bucket_cap_mb"]))
+    return {"world_size": commmodel.largest_world_size_at(pred, target), "prediction": pred, "profile": profile,
+            "fit": f.model.label, "links": f.model.describe(), "loo_rel_rmse": f.loo_rel_rmse,
+            "n_params": n_params, "global_batch": b, "n_buckets": len(buckets), "placement_per_node": pp}
+
+
+def _least_exposing_placement(g: pd.DataFrame, label: str, rows: list, text: list) -> None:
+    """(a) Which placement exposes the least, at each world size measured at several placements."""
+    for n, gn in g.groupby("world_size"):
+        per = gn[np.isfinite(gn["exposed_s"].to_numpy(float))].sort_values("exposed_s")
+        per = per.drop_duplicates("placement")  # each placement's best bucket
+        if per["placement"].nunique() < 2:
+            continue
+        top = per.iloc[0]
+
+        def share(r):
+            return fmt.pct_ci(r, "overhead_fraction", "overhead_lo", "overhead_hi")
+
+        rest = "; ".join(f"{r['placement']} {r['exposed_s'] * 1e3:.3g} ms ({share(r)})"
+                         for _, r in per.iloc[1:].iterrows())
+        tied = per[[_overlaps(top, r) for _, r in per.iterrows()]]
+        if len(tied) > 1:  # the intervals overlap: the data do not rank these placements
+            names = ", ".join(sorted(tied["placement"], key=groups.placement_key))  # not in measured order
+            answer = (f"no measurable difference between {names}: "
+                      + "; ".join(f"{r['placement']} {r['exposed_s'] * 1e3:.3g} ms ({share(r)})"
+                                  for _, r in tied.iterrows()))
+            text.append(f"{label}: at N={n}, {names} expose the same communication within their 95% intervals "
+                        f"(least: {top['placement']}, {top['exposed_s'] * 1e3:.3g} ms per step, "
+                        f"{top['bucket_cap_mb']:g} MiB buckets); {rest}.")
+        else:
+            answer = f"{top['placement']}: {top['exposed_s'] * 1e3:.3g} ms exposed ({share(top)} of the step)"
+            text.append(f"{label}: at N={n}, {top['placement']} exposes the least communication, "
+                        f"{top['exposed_s'] * 1e3:.3g} ms per step ({share(top)} "
+                        f"of the step, {top['bucket_cap_mb']:g} MiB buckets); {rest}.")
+        rows.append({"question": f"N={n}: placement exposing the least communication", "group": label,
+                     "answer": answer, "value": float(top["exposed_s"]), "basis": NAME})
+
+
+def _best_bucket_answer(g: pd.DataFrame, p: str, label: str, rows: list, text: list) -> dict | None:
+    """(b) The bucket size exposing the least communication at placement ``p``; None when there is none."""
+    try:
+        bb = best_bucket(g, p)
+    except ValueError as e:
+        text.append(f"{label}, {p}: {e}.")
+        return None
+    n_buckets = g[(g["placement"] == p) & (g["world_size"] == bb["world_size"])]["bucket_cap_mb"].nunique()
+    why = "" if n_buckets > 1 else " (the only bucket size measured)"
+    ov = fmt.pct_ci(bb, "overhead_fraction", "overhead_lo", "overhead_hi")
+    text.append(f"{label}, {p}: a {bb['bucket_cap_mb']:g} MiB bucket ({bb['nccl_algo']} all-reduce){why} "
+                f"exposes the least communication: {bb['exposed_s'] * 1e3:.3g} ms per step, {ov} of the step.")
+    answer = f"{bb['bucket_cap_mb']:g} MiB ({bb['nccl_algo']}){why}: {bb['exposed_s'] * 1e3:.3g} ms"
+    if bb["tied_caps_mb"]:
+        caps = ", ".join(f"{c:g}" for c in sorted([bb["bucket_cap_mb"], *bb["tied_caps_mb"]]))
+        answer = f"no measurable difference between {caps} MiB: the least, {answer} ({ov} of the step)"
+        text.append(f"{label}, {p}: the 95% intervals of {caps} MiB buckets overlap, so the data do not rank them.")
+    rows.append({"question": f"{p}: bucket size minimising exposed communication", "group": label,
+                 "answer": answer, "value": bb["exposed_s"], "basis": NAME})
+    return bb
+
+
+def _prediction_answer(sel: pd.DataFrame, key: dict, p: str, label: str, fits: dict, target: float,
+                       rows: list, text: list) -> None:
+    """(c) The calibrated model (collective-benchmark fit) extrapolating one placement's best point."""
+    question = f"{p}: predicted largest world size with efficiency >= {target:g}"
+    timed = sel[(sel["comm_hook"] == "timed")
+                & (sel["emulate_latency_s"] == key["emulate_latency_s"])
+                & (sel["emulate_bandwidth_bytes_per_s"] == key["emulate_bandwidth_bytes_per_s"])]
+    try:
+        pr = calibrated_prediction(timed, sel[sel["comm_hook"] == "noop"], fits, target)
+    except ValueError as e:
+        text.append(f"{label}, {p}: no calibrated-model extrapolation: {e}.")
+        rows.append({"question": question, "group": label, "answer": f"not predicted: {e}",
+                     "value": np.nan, "basis": "communication model"})
+        return
+    n_pred = pr["world_size"]
+    if n_pred is None or n_pred <= 1:
+        n_txt = f"that no multi-process world size reaches {target:.0%} strong-scaling efficiency"
+        ans = f"none beyond 1: calibrated model; {pr['links']}"
+    else:
+        n_txt = f"{target:.0%} strong-scaling efficiency up to N={n_pred}"
+        ans = f"{n_pred} processes: calibrated model; {pr['links']}"
+    text.append(f"{label}, {p}: the model calibrated on the collective benchmark ({pr['fit']}; {pr['links']}; "
+                f"leave-one-out error {pr['loo_rel_rmse']:.0%}) with this point's measured compute "
+                f"({pr['n_params']} parameters, global batch {pr['global_batch']}, {pr['n_buckets']} "
+                f"bucket(s), {pr['placement_per_node']} processes per node) predicts {n_txt}; an optimistic "
+                f"bound that ignores stragglers and congestion.")
+    rows.append({"question": question, "group": label, "answer": ans, "value": float(n_pred or 1),
+                 "basis": "communication model"})
+
+
+NO_BENCH = ("Communication model: no collective-benchmark records in this folder, so the calibrated model is not "
+            "fitted and nothing is extrapolated (the DDP hook times mix transfer and waiting for other ranks and are "
+            "not fitted instead); run the collective-benchmark section of 03_communication_overhead.")
+
+
+def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
+    """Per group of plain DDP points: (a) the placement exposing the least communication at each world size
+    measured at several placements; (b) the bucket size (and NCCL algorithm) exposing the least per placement;
+    (c) the largest world size the link model calibrated on the collective benchmark predicts at the target
+    (not predicted, and said so, without benchmark records: the DDP hook times mix transfer and waiting)."""
+    rows, text = [], []
+    fit = ctx.link_fit()
+    if fit.error is not None:
+        text.append(f"Communication model: the collective benchmark could not be fitted: {fit.error}.")
+    try:
+        t = plain_ddp(table_of(ctx))
+    except KeyError as e:  # no pair of timed and no-op runs
+        return rows, text + [f"Communication: {e.args[0]}."]
+    if t.empty:
+        text.append("Communication: no point has both a timed and a no-op run, so nothing can be said.")
+        return rows, text
+    keys, recs, said_no_bench = t.group_fields(), records_of(ctx), False
+    for key, g in groups.groupby(t.data, keys + ["comm_hook", "emulate_latency_s", "emulate_bandwidth_bytes_per_s"]):
+        gkey = {k: v for k, v in key.items() if k in keys}
+        label = groups.model_label(gkey)
+        if key["comm_hook"] != "timed":
+            label += f", hook {key['comm_hook']}"
+        emulated = bool(key["emulate_latency_s"] or key["emulate_bandwidth_bytes_per_s"])
+        if emulated:
+            label += f", emulated link {key['emulate_latency_s'] * 1e6:g} us"
+        _least_exposing_placement(g, label, rows, text)
+        if g.groupby("world_size")["placement"].nunique().max() < 2 and not emulated:  # emulation: multi-node only
+            text.append(f"{label}: every world size was measured at one placement only "
+                        f"({', '.join(sorted(set(g['placement'])))}), so placements cannot be compared; add e.g. "
+                        f"placements ['1x2', '2x1'].")
+        for p in sorted(set(g["placement"]), key=groups.placement_key):
+            bb = _best_bucket_answer(g, p, label, rows, text)
+            if bb is None or key["comm_hook"] != "timed":
+                continue  # the model describes the full-precision all-reduce; compressed hooks send other bytes
+            if fit.fits is None:
+                if not said_no_bench:
+                    text.append(NO_BENCH)
+                    said_no_bench = True
+                rows.append({"question": f"{p}: predicted largest world size with efficiency >= "
+                                         f"{goals.target_efficiency:g}", "group": label,
+                             "answer": "not predicted: no collective-benchmark records in this folder",
+                             "value": np.nan, "basis": "communication model"})
+                continue
+            sel = groups.select_records(recs, {**gkey, "placement": p, "bucket_cap_mb": bb["bucket_cap_mb"],
+                                               "nccl_algo": "" if bb["nccl_algo"] == "default" else bb["nccl_algo"]})
+            sel = sel[sel["comm_hook"].isin(["timed", "noop"])]
+            _prediction_answer(sel, key, p, label, fit.fits, goals.target_efficiency, rows, text)
+    return rows, text

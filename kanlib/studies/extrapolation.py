@@ -1,0 +1,323 @@
+"""Extrapolation to thousands of GPUs: the performance model of kanlib.analysis.commmodel predicts strong-scaling
+efficiency and the exposed share of the step from 1 to ``max_world_size`` GPUs for each KAN size, bucket size and
+all-reduce algorithm; where tree overtakes ring; which sizes stay at or above a target efficiency at scale.
+
+The links come from the folder's collective-benchmark fit and the compute from its single-process runs when
+there are some, otherwise from a hardware preset (marked as such). With measured links the measured strong-scaling
+points are set beside the model's prediction for the same configuration. Notebook 06 keeps its parameters in
+``out_dir/extrapolation.json`` (:data:`PARAMS_FILE`) so that the report shows the same extrapolation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import replace
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from kanlib import records
+from kanlib.analysis import commmodel, fmt, groups, load, presets, style
+from kanlib.analysis.context import Context, Goals
+from kanlib.analysis.explorer import View
+from kanlib.analysis.section import StudyAnalysis
+from kanlib.analysis.table import Table
+from kanlib.studies import calibration, published, strong_scaling
+
+NAME = SECTION = "extrapolation"
+RECORDS = None
+TITLE = "Extrapolation to thousands of GPUs"
+PUBLISHED = "not extrapolated"
+AXES, SWEPT, EXPLORER = (), (), View()
+PARAMS_FILE = "extrapolation.json"
+"""Where notebook 06 keeps its parameters under out_dir, for the report to show the same extrapolation."""
+ALGO_DASH = {"ring": "solid", "tree": "dot", "auto": "dash"}
+_SIZE_COLORS = ("#08306b", "#2171b5", "#6baed6", "#9ecae1", "#4a1486", "#807dba")
+DEFAULT_SIZES = [[64, 256, 256, 1], [64, 1024, 1024, 1], [256, 4096, 4096, 1]]
+
+
+def saved_params(out_dir: str) -> dict:
+    """The parameters notebook 06 last used for ``out_dir`` ({} when it has not run)."""
+    path = os.path.join(out_dir, PARAMS_FILE)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def size_color(i: int) -> str:
+    """The colour of the i-th KAN size of an extrapolation (shades of the KAN colour)."""
+    return _SIZE_COLORS[i % len(_SIZE_COLORS)]
+
+
+def _add_measured(fig: go.Figure, measured: pd.DataFrame, r: int, c: int) -> None:
+    """Measured strong-scaling points (filled) beside the model's prediction for each (open) in one panel."""
+    kan = style.model_color("kan")
+    for _, m in measured.iterrows():
+        fig.add_trace(go.Scatter(x=[m["world_size"]], y=[m["efficiency"]], mode="markers",
+                                 name=f"measured {m['placement']}", legendgroup="measured", showlegend=False,
+                                 hovertext=[f"measured {m['label']} at {m['placement']}: E={m['efficiency']:.1%}"],
+                                 hoverinfo="text",
+                                 marker=dict(symbol=style.placement_symbol(m["placement"]), size=11, color=kan)), r, c)
+        fig.add_trace(go.Scatter(x=[m["world_size"]], y=[m["pred_efficiency"]], mode="markers",
+                                 name=f"predicted {m['placement']}", legendgroup="measured", showlegend=False,
+                                 hovertext=[f"model for {m['label']} at {m['placement']}: E="
+                                            f"{m['pred_efficiency']:.1%}"], hoverinfo="text",
+                                 marker=dict(symbol=style.placement_symbol(m["placement"]) + "-open", size=13,
+                                             color=kan, line=dict(width=2))), r, c)
+
+
+def figure(table: pd.DataFrame, measured: pd.DataFrame | None = None, target: float = 0.8,
+           title: str = "Predicted scaling to thousands of GPUs") -> go.Figure:
+    """Predicted efficiency and exposed share of the step against world size (log2) for each KAN size
+    (colour: a shade of the KAN colour per size), algorithm (line style) and bucket size (a subplot pair
+    each), from kanlib.analysis.commmodel.extrapolation_table; the dotted line is the target. ``measured``: rows
+    with ``world_size``, ``efficiency``, ``pred_efficiency``, ``placement`` and ``label`` - measured
+    strong-scaling points (filled markers) beside the model's prediction for the same configuration
+    (open markers), drawn in every efficiency panel."""
+    caps = sorted(table["bucket_cap_mb"].unique())
+    fig, cols = style.grid(len(caps), 2, [f"{c:g} MiB buckets" for c in caps],
+                           ["Predicted efficiency", "Exposed communication / step"], height_per_row=340,
+                           vertical_spacing=min(0.2, 0.7 / max(1, 2 * math.ceil(len(caps) / style.FACET_COLS))))
+    sizes = list(dict.fromkeys(table["kan"]))
+    has_measured = measured is not None and len(measured)
+    for i, cap in enumerate(caps):
+        g = table[table["bucket_cap_mb"] == cap]
+        for (kan, algo), s in g.groupby(["kan", "algo"], sort=False):
+            s = s.sort_values("world_size")
+            hover = [f"{kan} ({n:,} parameters), {algo}, {cap:g} MiB<br>N={w} ({a}x{b})<br>E={e:.1%}, exposed "
+                     f"{o:.1%}" for n, w, a, b, e, o in zip(s["n_params"], s["world_size"], s["nnodes"],
+                                                            s["nproc_per_node"], s["efficiency"],
+                                                            s["overhead_fraction"])]
+            look = dict(mode="lines", legendgroup=f"size {kan}", showlegend=False, name=f"{kan} {algo}",
+                        line=dict(color=size_color(sizes.index(kan)), dash=ALGO_DASH.get(algo, "dash")),
+                        hovertext=hover, hoverinfo="text")
+            r, c = style.cell(i, 0, cols, 2)
+            fig.add_trace(go.Scatter(x=s["world_size"], y=s["efficiency"], **look), r, c)
+            r, c = style.cell(i, 1, cols, 2)
+            fig.add_trace(go.Scatter(x=s["world_size"], y=s["overhead_fraction"], **look), r, c)
+        r, c = style.cell(i, 0, cols, 2)
+        fig.add_hline(y=target, line=dict(dash="dot", color="grey"), row=r, col=c)
+        if has_measured:
+            _add_measured(fig, measured, r, c)
+        for k in range(2):
+            r, c = style.cell(i, k, cols, 2)
+            fig.update_xaxes(type="log", title_text="world size (GPUs)", row=r, col=c)
+            fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=r, col=c)
+    for j, kan in enumerate(sizes):
+        n = int(table.loc[table["kan"] == kan, "n_params"].iloc[0])
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"{kan} ({n:,} parameters)",
+                                 legendgroup=f"size {kan}", line=dict(color=size_color(j), width=3)))
+    extra = [(f"line: {a}", dict(mode="lines", line=dict(color=style.GREY, dash=ALGO_DASH.get(a, "dash"))))
+             for a in dict.fromkeys(table["algo"])]
+    if has_measured:
+        extra.append(("filled: measured; open: model for that run", dict(mode="markers", marker=dict(
+            symbol="circle-open", size=11, color=style.model_color("kan")))))
+    style.legend_key(fig, placements=sorted(set(measured["placement"]), key=groups.placement_key)
+                     if has_measured else (), extra=extra)
+    fig.update_layout(title=title, template=style.TEMPLATE)
+    return fig
+
+
+def measured_points(ctx: Context, model, prof) -> pd.DataFrame:
+    """Measured strong-scaling efficiencies (N > 1) beside the model's prediction for the same widths,
+    global batch, bucket size and placement (KAN and MLP models only)."""
+    try:
+        t = ctx.cached((strong_scaling.NAME, "table"),
+                       lambda: strong_scaling.table(ctx.runs(strong_scaling.RECORDS).data))
+        recs = groups.with_placement(ctx.runs(strong_scaling.RECORDS).data)
+    except load.NoRecordsError:  # no strong-scaling records: nothing to overlay
+        return pd.DataFrame()
+    rows = []
+    for _, r in t.data[t.data["world_size"] > 1].iterrows():
+        sel = groups.select_records(recs, {f: r[f] for f in t.group_fields()})
+        sel = sel[sel["placement"] == r["placement"]]
+        if sel.empty or sel["model"].iloc[0] not in ("kan", "mlp"):
+            continue
+        s = sel.iloc[0]
+        try:
+            pb = commmodel.kan_param_bytes(s["widths"], int(s["grid_size"]), int(s["spline_order"]), s["model"])
+            pred = commmodel.predict_scaling(model, prof, pb, [1, int(r["world_size"])], int(r["nproc_per_node"]),
+                                             global_batch=int(s["global_batch"]),
+                                             bucket_cap_mb=float(s["bucket_cap_mb"]))
+        except ValueError:
+            continue
+        rows.append({"label": f"{s['model']} {list(s['widths'])}, B={int(s['global_batch'])}",
+                     "placement": r["placement"], "world_size": int(r["world_size"]), "efficiency": float(r["efficiency"]),
+                     "pred_efficiency": float(pred["efficiency"].iloc[-1])})
+    return pd.DataFrame(rows)
+
+
+def _check(source: str, target_efficiency: float, at_world_size: int, max_world_size: int, algos) -> None:
+    if source not in ("auto", "measured", "preset"):
+        raise ValueError(f"source: unknown value {source!r}; choose auto, measured or preset")
+    if not 0 < target_efficiency <= 1:
+        raise ValueError(f"target_efficiency: must be in (0, 1], got {target_efficiency!r}")
+    if at_world_size > max_world_size:
+        raise ValueError(f"at_world_size: {at_world_size} is beyond max_world_size={max_world_size}")
+    bad = [x for x in algos if x not in commmodel.ALGOS]
+    if bad or not algos:
+        raise ValueError(f"algos: unknown value(s) {bad or list(algos)}; choose from {', '.join(commmodel.ALGOS)}")
+
+
+def _links(ctx: Context, args: dict) -> tuple[dict, int, str, object, list[str], str]:
+    """The link models per algorithm (measured, or the preset's), the GPUs per node, their description, the fit
+    used (None for the preset), notes, and the sentence saying what the benchmark fit is."""
+    p = presets.preset(args["preset_name"])
+    lf = calibration.link_fit(ctx, args["bench_time_col"])
+    fit = published.plain_fit(lf.fits) if args["source"] != "preset" else None
+    if args["source"] == "measured" and fit is None:
+        raise ValueError(f"source: 'measured' needs collective-benchmark records under {ctx.out_dir} ({lf.sentence})")
+    if fit is None:
+        return ({algo: p.link_model(algo) for algo in args["algos"]}, args["gpus_per_node"] or p.gpus_per_node,
+                f"links of preset {args['preset_name']} (a preset, not a measurement)", None, [], lf.sentence)
+    bench = lf.bench
+    gpn = args["gpus_per_node"] or int(bench.loc[bench["nnodes"] == 1, "nproc_per_node"].max() or 1)
+    measured_algos = {k[2]: f.model for k, f in lf.fits.items() if not (k[3] or k[4]) and k[:2] == fit.key[:2]}
+    models, notes = {}, []
+    for algo in args["algos"]:
+        m = measured_algos.get(algo) or (measured_algos.get("auto") if algo == "ring" else None)
+        if m is None:
+            m = replace(fit.model, algo=algo, label=f"{algo} formula on the measured {fit.model.label} links")
+            notes.append(f"{algo}: not measured by the benchmark; its formula on the measured links")
+        models[algo] = m
+    return (models, gpn, f"links measured here ({fit.model.label}: {fit.model.describe(used=True)})", fit, notes,
+            lf.sentence)
+
+
+def _above_table(above: pd.DataFrame, at_world_size: int, target: float) -> pd.DataFrame:
+    return pd.DataFrame({
+        "KAN": above["kan"], "parameters": above["n_params"].map(lambda v: f"{v:,}"), "algorithm": above["algo"],
+        "bucket (MiB)": above["bucket_cap_mb"].map(lambda v: f"{v:g}"),
+        f"efficiency at {at_world_size}": above["efficiency"].map(fmt.pct1),
+        "exposed (ms)": above["exposed_s"].map(fmt.ms), f">= {target:.0%}": above["above"].map(
+            {True: "yes", False: "no"})})
+
+
+def _crossover_table(models: dict, max_world_size: int, gpn: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Where tree overtakes ring per message size: the model's table and its display."""
+    cross = commmodel.ring_tree_crossover(models["ring"], models["tree"], [2 ** k for k in (10, 16, 20, 22, 25)],
+                                          max_world_size, gpn)
+    return cross, pd.DataFrame({
+        "message": cross["size_bytes"].map(fmt.nbytes),
+        "tree faster from N": cross["crossover_world_size"].map(lambda v: "never" if v is None or v != v else
+                                                                f"{int(v)}"),
+        "ring / tree there (us)": [f"{fmt.us(r)} / {fmt.us(t)}" for r, t in zip(cross["ring_s_at_crossover"],
+                                                                               cross["tree_s_at_crossover"])],
+        f"ring / tree at {max_world_size} (us)": [f"{fmt.us(r)} / {fmt.us(t)}" for r, t in
+                                                   zip(cross["ring_s_at_max"], cross["tree_s_at_max"])]})
+
+
+def _summary(above: pd.DataFrame, at_world_size: int, target: float) -> str:
+    parts = []
+    for kan, g in above.groupby("kan", sort=False):
+        best = g.loc[g["efficiency"].idxmax()]
+        how = f"{best['algo']}, {best['bucket_cap_mb']:g} MiB buckets: {best['efficiency']:.0%}"
+        parts.append(f"{kan} {'stays above' if best['above'] else 'falls below'} "
+                     f"({'best ' if not best['above'] else ''}{how})")
+    return f"At {at_world_size} GPUs and {target:.0%} target efficiency: " + "; ".join(parts)
+
+
+def table(models: dict, kan_sizes, prof, bucket_caps_mb, max_world_size: int, gpus_per_node: int,
+          global_batch: int) -> Table:
+    """The prediction for every KAN size x bucket size x algorithm, 1 to ``max_world_size`` GPUs
+    (:func:`kanlib.analysis.commmodel.extrapolation_table`)."""
+    sizes = {str(w): {"widths": w} for w in kan_sizes}
+    return Table(commmodel.extrapolation_table(models, sizes, prof, bucket_caps_mb=tuple(bucket_caps_mb),
+                                               max_world_size=max_world_size, gpus_per_node=gpus_per_node,
+                                               global_batch=global_batch))
+
+
+def display_table(t: Table) -> pd.DataFrame:
+    """The prediction as it is (one row per size, algorithm, bucket size and world size)."""
+    return t.data
+
+
+def analyze(ctx: Context, preset_name: str = "h100-ndr", kan_sizes=None, bucket_caps_mb=(1.0, 25.0),
+            algos=("ring", "tree"), target_efficiency: float = 0.8, at_world_size: int = 1024,
+            max_world_size: int = 4096, global_batch: int = 65536, gpus_per_node: int = 0, source: str = "auto",
+            bench_time_col: str = "time_s_p10", remember: bool = False) -> StudyAnalysis:
+    """Predicted efficiency and exposed communication from 1 to ``max_world_size`` GPUs for each KAN size
+    (``kan_sizes``: lists of widths), bucket size and algorithm; where ring and tree cross; which sizes stay
+    at or above ``target_efficiency`` at ``at_world_size``.
+
+    source: ``measured`` (the collective-benchmark fit and compute profile of this folder), ``preset``
+    (``preset_name``'s links and compute) or ``auto`` (measured links when the folder has collective-benchmark
+    records, else the preset; measured compute when it has single-process runs, else the preset's).
+    An algorithm the benchmark did not measure (tree on gloo) uses its formula on the measured links, said so.
+    gpus_per_node: processes per node of the extrapolated cluster (0: the preset's, or the most the benchmark
+    measured on one node). With measured links the measured strong-scaling points are overlaid beside the
+    model's prediction for the same configuration (strong scaling at ``global_batch``). ``remember``:
+    write these arguments to ``out_dir/extrapolation.json``, which the report reads, so the
+    report shows what notebook 06 computed."""
+    _check(source, target_efficiency, at_world_size, max_world_size, algos)
+    kan_sizes = [list(w) for w in (kan_sizes or DEFAULT_SIZES)]
+    args = dict(preset_name=preset_name, kan_sizes=kan_sizes, bucket_caps_mb=[float(c) for c in bucket_caps_mb],
+                algos=list(algos), target_efficiency=target_efficiency, at_world_size=at_world_size,
+                max_world_size=max_world_size, global_batch=global_batch, gpus_per_node=gpus_per_node, source=source,
+                bench_time_col=bench_time_col)
+    if remember:
+        os.makedirs(ctx.out_dir, exist_ok=True)
+        records.atomic_write_json(os.path.join(ctx.out_dir, PARAMS_FILE), args)
+    a = StudyAnalysis(NAME, extra={"params": args})
+    models, gpn, links, fit, notes, bench_line = _links(ctx, args)
+    prof, prof_line = (None, "") if source == "preset" else published.measured_profile(ctx)
+    if prof is None:
+        prof = presets.preset(preset_name).compute_profile()
+        prof_line = (prof_line + "; " if prof_line else "") + f"compute of preset {preset_name}: {prof.source}"
+    try:
+        t = table(models, kan_sizes, prof, args["bucket_caps_mb"], max_world_size, gpn, global_batch)
+    except ValueError as e:  # a link the extrapolated placements need is missing from the fit
+        a.message = f"No extrapolation: {e}."
+        return a
+    _describe(a, ctx, t, models, prof, fit, args, gpn, links)
+    a.lines += [prof_line, bench_line] + notes
+    a.message = (f"Extrapolation from {'measured links' if fit is not None else 'preset ' + preset_name}; presets are "
+                 f"specifications, not measurements.")
+    a.records = t.data
+    return a
+
+
+def _describe(a: StudyAnalysis, ctx: Context, t: Table, models: dict, prof, fit, args: dict, gpn: int,
+              links: str) -> None:
+    """The figure, the sizes above the target, the ring/tree crossover and the measured points beside the model."""
+    table = t.data
+    target, at_n, max_n = args["target_efficiency"], args["at_world_size"], args["max_world_size"]
+    a.extra.update(table=table, models=models, profile=prof, gpus_per_node=gpn)
+    measured = measured_points(ctx, models.get("ring") or next(iter(models.values())), prof) \
+        if fit is not None else pd.DataFrame()
+    a.add_figure("efficiency", figure(table, measured, target), (
+        f"Predicted strong-scaling efficiency and exposed communication share, 1 to {max_n} GPUs "
+        f"({gpn} per node), global batch {args['global_batch']}, for each KAN size (shade), algorithm (line style) "
+        f"and bucket size (subplot pair); {links}; compute: {prof.source}. The dotted line is the target "
+        f"{target:.0%}. An optimistic bound: no stragglers, congestion or NIC sharing."
+        + (" Filled markers: measured strong-scaling points; open: the model for the same configuration."
+           if len(measured) else "")))
+    above = commmodel.sizes_above(table, target, at_n)
+    a.add_table("above", _above_table(above, at_n, target), f"Which sizes stay at or above {target:.0%} at {at_n} GPUs")
+    a.extra["above"] = above
+    a.lines.append(_summary(above, at_n, target) + f" ({links}; compute {prof.source}).")
+    if "ring" in models and "tree" in models:
+        cross, shown = _crossover_table(models, max_n, gpn)
+        a.add_table("crossover", shown, "Where tree all-reduce overtakes ring, per message size")
+        a.extra["crossover"] = cross
+    if len(measured):
+        a.add_table("measured", pd.DataFrame({"configuration": measured["label"], "placement": measured["placement"],
+                                              "measured efficiency": measured["efficiency"].map(fmt.pct1),
+                                              "predicted": measured["pred_efficiency"].map(fmt.pct1)}),
+                    "Measured strong-scaling points beside the model's prediction for each")
+
+
+def finding(a: StudyAnalysis) -> list[dict]:
+    """The model sizes above the target efficiency at scale."""
+    if "above" not in a.extra:
+        return []
+    return [{"study": SECTION, "topic": "Model sizes above the target efficiency at scale",
+             "ours": a.lines[0] if a.lines else "", "published": PUBLISHED}]
+
+
+def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
+    """None: a prediction of the model, not a decision from these records."""
+    return [], []

@@ -1,0 +1,400 @@
+"""Model-size scaling: KAN beside a matched-parameter MLP across sizes, and DDP against FSDP per size.
+
+Per size: parameters, step time, peak memory, parameters per byte (of peak memory and of the analytic model
+state) and time per parameter; with both parallelisms measured, FSDP's peak memory and step against DDP's.
+Guidelines: the size beyond which memory rather than step time limits a process, and the size from which FSDP
+lowers the peak memory per process.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kanlib.analysis import fmt, groups, stats, style
+from kanlib.analysis.context import Context, Goals
+from kanlib.analysis.explorer import View
+from kanlib.analysis.section import StudyAnalysis
+from kanlib.analysis.table import Table
+
+NAME = SECTION = RECORDS = "model_size"
+TITLE = "Model-size scaling (KAN vs matched-parameter MLP; DDP vs FSDP)"
+PUBLISHED = "a parameters-per-byte trend across model sizes"
+PUBLISHED_FSDP = "not studied (DDP only)"
+AXES = ("model", "widths", "grid_size")
+SWEPT = ("model", "widths", "grid_size", "parallelism")
+EXPLORER = View(x=("n_params", "grid_size", "depth", "global_batch"), series=("parallelism",))
+FSDP_MARGIN = 0.05
+"""FSDP pays where its peak memory per process is lower than DDP's by more than this fraction."""
+MIN_GROWTH = 0.05
+"""A budget is extrapolated only along a fit that grows by at least this fraction over the measured sizes."""
+PARALLELISM_STYLE = {"ddp": dict(dash="solid", open=False), "fsdp": dict(dash="dashdot", open=True)}
+
+
+def design(df: pd.DataFrame) -> groups.Design:
+    """How this study's records split (:func:`kanlib.analysis.groups.design`)."""
+    return groups.design(df, NAME, AXES, SWEPT)
+
+
+def table(df: pd.DataFrame, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> Table:
+    """Model-size scaling: per (group, model, widths, grid size) the parameter count, median step time
+    with its interval, peak memory, ``params_per_byte = n_params / peak_mem_bytes``,
+    ``params_per_state_byte = n_params / model_state_bytes`` and ``time_per_param_s = step_time / n_params``.
+    Groups: every other config field that differs (parallelism, placement, batch, ...).
+    """
+    df, dropped = groups.valid(groups.with_placement(df), "step_time_s")
+    d = groups.groups_of(df, NAME, AXES, SWEPT)
+    keys = list(dict.fromkeys(d.groups + [k for k in ("model", "widths", "grid_size", "spline_order",
+                                                      "nnodes", "nproc_per_node") if k in df]))
+    rows = []
+    for key, g in groups.groupby(df, keys):
+        st, lo, hi = stats.median_ci(g["step_time_s"].to_numpy(float), n_boot, seed)
+        n = int(g["n_params"].iloc[0])
+        mem = float(np.median(g["peak_mem_bytes"].to_numpy(float)))
+        state = float(g["model_state_bytes"].iloc[0]) if "model_state_bytes" in g else np.nan
+        val = pd.to_numeric(g["final_val_loss"], errors="coerce") if "final_val_loss" in g else pd.Series([np.nan])
+        rows.append({**key, "placement": groups.placement_of(key["nnodes"], key["nproc_per_node"]), "n_runs": len(g),
+                     "world_size": int(key["nnodes"]) * int(key["nproc_per_node"]),
+                     "final_val_loss": float(val.median()) if val.notna().any() else np.nan,
+                     "n_params": n, "depth": len(key["widths"]) - 1 if "widths" in key else np.nan,
+                     "step_time_s": st, "step_time_lo": lo, "step_time_hi": hi,
+                     "peak_mem_bytes": mem, "model_state_bytes": state,
+                     "params_per_byte": n / mem if mem > 0 else np.nan,
+                     "params_per_state_byte": n / state if state > 0 else np.nan,
+                     "time_per_param_s": st / n if n > 0 else np.nan})
+    out = pd.DataFrame(rows)
+    if not out.empty:
+        out = out.sort_values(["model", "n_params"], kind="stable").reset_index(drop=True)
+    return groups.finish(out, d, dropped, "step_time_s")
+
+
+def table_of(ctx: Context) -> Table:
+    """:func:`table` of the study's records, once per build."""
+    return ctx.cached((NAME, "table"), lambda: table(ctx.runs(RECORDS).data))
+
+
+def fsdp_table(size: Table, margin: float = FSDP_MARGIN) -> pd.DataFrame:
+    """Per model size measured under both DDP and FSDP (rows of :func:`table` that differ
+    only in ``parallelism``): peak memory per process (``peak_mem_ddp``, ``peak_mem_fsdp``, ratio
+    ``mem_ratio = fsdp / ddp``), step time (``step_ddp_s``, ``step_fsdp_s``, ``step_ratio``), the analytic
+    per-process state (``state_ddp_bytes``: parameters + gradients + optimizer state of the whole model;
+    ``state_fsdp_bytes``: that divided by the world size, what sharding keeps per process), the final
+    validation losses of both, and ``pays`` = FSDP's measured peak memory below DDP's by more than
+    ``margin`` (a relative fraction). Empty when no size has both."""
+    s = size.data
+    if s.empty or "parallelism" not in s or s["parallelism"].nunique() < 2:
+        return pd.DataFrame()
+    keys = size.group_fields(drop=("parallelism",))
+    keys = list(dict.fromkeys(keys + [c for c in ("model", "widths", "grid_size", "spline_order", "nnodes",
+                                                  "nproc_per_node") if c in s]))
+    rows = []
+    for key, g in groups.groupby(s, keys):
+        ddp, fsdp = g[g["parallelism"] == "ddp"], g[g["parallelism"] == "fsdp"]
+        if ddp.empty or fsdp.empty:
+            continue
+        a, b = ddp.iloc[0], fsdp.iloc[0]
+        w = int(a["world_size"])
+        rows.append({**key, "placement": a["placement"], "world_size": w, "n_params": int(a["n_params"]),
+                     "peak_mem_ddp": a["peak_mem_bytes"], "peak_mem_fsdp": b["peak_mem_bytes"],
+                     "mem_ratio": b["peak_mem_bytes"] / a["peak_mem_bytes"], "step_ddp_s": a["step_time_s"],
+                     "step_fsdp_s": b["step_time_s"], "step_ratio": b["step_time_s"] / a["step_time_s"],
+                     "state_ddp_bytes": a["model_state_bytes"], "state_fsdp_bytes": a["model_state_bytes"] / w,
+                     "val_loss_ddp": a.get("final_val_loss", np.nan), "val_loss_fsdp": b.get("final_val_loss", np.nan),
+                     "pays": bool(b["peak_mem_bytes"] < (1 - margin) * a["peak_mem_bytes"])})
+    out = pd.DataFrame(rows)
+    if not out.empty:
+        out = out.sort_values(["model", "n_params"], kind="stable").reset_index(drop=True)
+    return out
+
+
+def fsdp_pays_from(table: pd.DataFrame, model: str = "kan") -> int | None:
+    """The smallest parameter count of ``model`` from which FSDP pays (:func:`fsdp_table`'s ``pays``) at
+    that size and at every larger measured size; None when the data show no such size."""
+    t = table[table["model"] == model].sort_values("n_params") if not table.empty else table
+    best = None
+    for n, pays in zip(reversed(t["n_params"].tolist()), reversed(t["pays"].tolist())):
+        if not pays:
+            break
+        best = int(n)
+    return best
+
+
+# -- figures -------------------------------------------------------------------------------------
+def figure(table: Table, title: str = "Model-size scaling") -> go.Figure:
+    """KAN against matched-parameter MLP: step time, peak memory, parameters per byte and time per
+    parameter against the parameter count (log-log), one colour per model in all four panels (the
+    first model's line is drawn wider, so a line hidden under another's still shows)."""
+    fig = make_subplots(rows=2, cols=2, subplot_titles=("Step time (ms)", "Peak memory (MiB)",
+                                                        "Parameters per byte of peak memory",
+                                                        "Time per parameter (ns)"))
+    models = sorted(table.data["model"].unique())
+    other = [f for f in table.group_fields(drop=("model",)) if f not in ("grid_size", "widths")]
+    panels = [((1, 1), "step_time_s", 1e3), ((1, 2), "peak_mem_bytes", 1 / 2**20),
+              ((2, 1), "params_per_byte", 1.0), ((2, 2), "time_per_param_s", 1e9)]
+    not_drawn = []
+    for key, g in groups.groupby(table.data, ["model"] + other):
+        m = key["model"]
+        g = g.sort_values("n_params")
+        label = groups.group_label(key, other)
+        if len(g) < 2:
+            not_drawn.append(f"{m} {label}: one size only".strip())
+            continue
+        hover = [f"{m} widths={list(w)} grid={gs}<br>{n:,} parameters" for w, gs, n in
+                 zip(g["widths"], g["grid_size"], g["n_params"])]
+        width = 4 if m == models[0] else 2
+        for (r, c), col, scale in panels:
+            err = style.error_bars(g.assign(**{col: g[col]}), col, "step_time_lo", "step_time_hi") \
+                if col == "step_time_s" else {}
+            if err:
+                err["error_y"]["array"] = [v * scale for v in err["error_y"]["array"]]
+                err["error_y"]["arrayminus"] = [v * scale for v in err["error_y"]["arrayminus"]]
+            fig.add_trace(go.Scatter(x=g["n_params"], y=g[col] * scale, mode="lines+markers",
+                                     name=f"{m} {label}".strip(), legendgroup=str(m), showlegend=False,
+                                     line=dict(color=style.model_color(m), width=width),
+                                     marker=dict(symbol=style.symbols(g), size=9, color=style.model_color(m)),
+                                     hovertext=hover, **err), r, c)
+    style.legend_key(fig, models, style.drawn_placements(fig, table.data))
+    fig.update_xaxes(type="log", title_text="parameters")
+    fig.update_yaxes(type="log")
+    fig.update_layout(title=title, template=style.TEMPLATE, height=720)
+    return style.with_meta(fig, not_drawn=not_drawn)
+
+
+def fsdp_figure(table: pd.DataFrame, title: str = "FSDP against DDP per model size") -> go.Figure:
+    """Per model size (:func:`fsdp_table`): measured peak memory per process and step time
+    under DDP (solid line, filled markers) and FSDP (dash-dot line, open markers), and the analytic
+    per-process state (thin dotted lines: the whole model's under DDP, a 1/N shard under FSDP).
+    Colour: model; marker: placement."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Peak memory per process (MiB)", "Step time (ms)"))
+    for key, g in groups.groupby(table, ["model", "placement"]):
+        m, p = key["model"], key["placement"]
+        g = g.sort_values("n_params")
+        for par in ("ddp", "fsdp"):
+            st = PARALLELISM_STYLE[par]
+            sym = style.placement_symbol(p) + ("-open" if st["open"] else "")
+            mode = "lines+markers" if len(g) > 1 else "markers"
+            common = dict(mode=mode, legendgroup=str(m), showlegend=False, name=f"{m} {p} {par}",
+                          line=dict(color=style.model_color(m), dash=st["dash"]),
+                          marker=dict(symbol=sym, size=10, color=style.model_color(m)))
+            fig.add_trace(go.Scatter(x=g["n_params"], y=g[f"peak_mem_{par}"] / 2**20, **common), 1, 1)
+            fig.add_trace(go.Scatter(x=g["n_params"], y=g[f"step_{par}_s"] * 1e3, **common), 1, 2)
+            if len(g) > 1:
+                fig.add_trace(go.Scatter(x=g["n_params"], y=g[f"state_{par}_bytes"] / 2**20, mode="lines",
+                                         name=f"{m} {p} {par} analytic state", legendgroup=str(m), showlegend=False,
+                                         line=dict(color=style.model_color(m), dash="dot", width=1)), 1, 1)
+    grey = style.GREY
+    style.legend_key(fig, sorted(table["model"].unique()), sorted(set(table["placement"]), key=groups.placement_key),
+                     extra=[("DDP: solid line, filled marker", dict(mode="lines+markers", line=dict(color=grey),
+                                                                   marker=dict(symbol="circle", color=grey))),
+                            ("FSDP: dash-dot line, open marker", dict(mode="lines+markers",
+                                                                     line=dict(color=grey, dash="dashdot"),
+                                                                     marker=dict(symbol="circle-open", color=grey))),
+                            ("dotted: analytic state per process", dict(mode="lines",
+                                                                        line=dict(color=grey, dash="dot")))])
+    fig.update_xaxes(type="log", title_text="parameters")
+    fig.update_yaxes(type="log")
+    fig.update_layout(title=title, template=style.TEMPLATE, height=440)
+    return fig
+
+
+def _fsdp_display(fs: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "model": fs["model"], "widths": fs["widths"].map(fmt.value), "placement": fs["placement"],
+        "parameters": fs["n_params"].map(lambda v: f"{v:,}"),
+        "peak DDP (MiB)": fs["peak_mem_ddp"].map(fmt.mib), "peak FSDP (MiB)": fs["peak_mem_fsdp"].map(fmt.mib),
+        "FSDP / DDP memory": fs["mem_ratio"].map(lambda v: f"{v:.2f}"),
+        "state per process DDP / FSDP (analytic)": [f"{fmt.nbytes(a)} / {fmt.nbytes(b)}" for a, b in
+                                                    zip(fs["state_ddp_bytes"], fs["state_fsdp_bytes"])],
+        "step DDP (ms)": fs["step_ddp_s"].map(fmt.ms), "step FSDP (ms)": fs["step_fsdp_s"].map(fmt.ms),
+        "FSDP / DDP step": fs["step_ratio"].map(lambda v: f"{v:.2f}"),
+        "val loss DDP / FSDP": [f"{a:.4g} / {b:.4g}" for a, b in zip(fs["val_loss_ddp"], fs["val_loss_fsdp"])],
+        "FSDP pays": fs["pays"].map({True: "yes", False: "no"})})
+
+
+def _add_fsdp(a: StudyAnalysis, fs: pd.DataFrame, records: pd.DataFrame) -> None:
+    kinds = sorted({str(v) for v in records.get("peak_mem_kind", pd.Series(dtype=str)).dropna()})
+    a.add_figure("fsdp", fsdp_figure(fs), (
+        "Peak memory per process and step time of each size under DDP and FSDP (same placement), with the "
+        "analytic state per process (whole model under DDP, a 1/N shard under FSDP). See where FSDP's measured "
+        f"memory drops below DDP's and what its step costs. Peak memory here: {', '.join(kinds) or 'unknown'}"
+        + (" (the process's resident set: the framework's fixed footprint hides the sharded state at small "
+           "sizes)." if any("rss" in k for k in kinds) else ".")))
+    a.add_table("fsdp", _fsdp_display(fs), f"DDP against FSDP per size (FSDP pays: its peak memory per process is "
+                                           f"more than {FSDP_MARGIN:.0%} below DDP's)")
+    for m, g in fs.groupby("model"):
+        n = fsdp_pays_from(g, m)
+        a.lines.append(f"{m}: FSDP starts to pay from {n:,} parameters." if n else
+                       f"{m}: the data show no size where FSDP pays (largest measured: "
+                       f"{int(g['n_params'].max()):,} parameters, FSDP/DDP peak memory "
+                       f"{g.sort_values('n_params')['mem_ratio'].iloc[-1]:.2f}).")
+    a.extra["fsdp"] = fs
+
+
+def analyze(ctx: Context) -> StudyAnalysis:
+    """The table, the memory and time figure (DDP runs only when FSDP was measured too) and, with both
+    parallelisms, the FSDP figure, table and a sentence per model."""
+    t = table_of(ctx)
+    d = t.data
+    both = "parallelism" in d and d["parallelism"].nunique() > 1
+    size_only = t.with_data(d[d["parallelism"] == "ddp"], [f for f in t.groups if f != "parallelism"]) if both else t
+    a = StudyAnalysis(NAME, table=t)
+    fig = figure(size_only)
+    a.add_figure("memory_time", fig, (
+        "Step time, peak memory, parameters per byte of peak memory and time per parameter against the parameter "
+        "count, KAN beside an MLP with the same parameter count (one colour per model in every panel"
+        + ("; DDP runs only, FSDP below" if both else "") + "). See how "
+        "much more time a KAN parameter costs than an MLP parameter, and whether parameters per byte rise with "
+        "size. On CPU peak memory is the process's resident set, dominated by the framework at small sizes, so "
+        "the two models' parameters-per-byte lines coincide there." + style.not_drawn(fig)))
+    fs = fsdp_table(t)
+    if not fs.empty:
+        _add_fsdp(a, fs, ctx.runs(RECORDS).data)
+    return a
+
+
+def record_label(row) -> str:
+    """What names one record in the report's list besides model, widths, batch, placement and repeat: nothing."""
+    return ""
+
+def display_table(t: Table) -> pd.DataFrame:
+    """Per size: parameters, step time, peak memory, parameters per byte, time per parameter."""
+    d = t.data
+    if d.empty:
+        return pd.DataFrame()
+    cols = {f: d[f].map(fmt.value) for f in t.group_fields(drop=("model", "widths", "grid_size"))}
+    out = {"model": d["model"], **cols, "widths": d["widths"].map(fmt.value), "grid": d["grid_size"],
+           "placement": d["placement"], "runs": d["n_runs"], "parameters": d["n_params"].map(lambda v: f"{v:,}"),
+           "step (ms)": fmt.ci_column(d, "step_time_s", fmt.ms, "step_time_lo", "step_time_hi"),
+           "peak memory (MiB)": d["peak_mem_bytes"].map(lambda v: f"{v / 2**20:,.1f}"),
+           "params per byte (peak)": d["params_per_byte"].map(lambda v: f"{v:.3g}"),
+           "params per byte (model state)": d["params_per_state_byte"].map(lambda v: f"{v:.3g}"),
+           "time per parameter (ns)": d["time_per_param_s"].map(lambda v: f"{v * 1e9:.3g}")}
+    return pd.DataFrame(out).reset_index(drop=True)
+
+
+def finding(a: StudyAnalysis) -> list[dict]:
+    """The parameters-per-byte trend per model, and where FSDP pays."""
+    if a.empty or a.table is None or a.table.empty:
+        return []
+    parts = []
+    for m, g in a.table.data.groupby("model"):
+        g = g.sort_values("n_params")
+        g = g[np.isfinite(g["params_per_byte"].to_numpy(float))]
+        if g["n_params"].nunique() < 2:
+            continue
+        slope = np.polyfit(np.log(g["n_params"].to_numpy(float)), np.log(g["params_per_byte"].to_numpy(float)), 1)[0]
+        trend = "rising" if slope > 0.05 else "falling" if slope < -0.05 else "flat"
+        parts.append(f"{m}: {g['params_per_byte'].iloc[0]:.3g} to {g['params_per_byte'].iloc[-1]:.3g} parameters "
+                     f"per byte from {int(g['n_params'].iloc[0]):,} to {int(g['n_params'].iloc[-1]):,} parameters "
+                     f"({trend}, log-log slope {slope:.2f})")
+    out = [{"study": SECTION, "topic": "Parameters per byte of peak memory against model size",
+            "ours": "; ".join(parts) or "fewer than two sizes per model", "published": PUBLISHED}]
+    fs = a.extra.get("fsdp")
+    if fs is not None and not fs.empty:
+        parts = []
+        for m, g in fs.groupby("model"):
+            n = fsdp_pays_from(g, m)
+            top = g.sort_values("n_params").iloc[-1]
+            parts.append(f"{m}: FSDP pays from {n:,} parameters" if n else
+                         f"{m}: no measured size where FSDP pays (at {int(top['n_params']):,} parameters its peak "
+                         f"memory per process is {top['mem_ratio']:.2f}x DDP's, its step {top['step_ratio']:.2f}x)")
+        out.append({"study": SECTION, "topic": "FSDP against DDP: where sharding pays", "ours": "; ".join(parts),
+                    "published": PUBLISHED_FSDP})
+    return out
+
+
+# -- guideline -------------------------------------------------------------------------------------
+def memory_or_time_limit(size: pd.DataFrame, memory_budget_bytes: float, step_time_budget_s: float,
+                         model: str = "kan") -> dict:
+    """Affine fits ``mem = m0 + m1 P`` and ``time = t0 + t1 P`` over the model-size points of
+    ``model``; ``P_mem`` and ``P_time`` are the parameter counts at which each budget is reached.
+    Memory is the limit beyond ``P_mem`` when ``P_mem < P_time``, else time is. Points with a
+    non-finite or non-positive time or memory are not used."""
+    t = size[size["model"] == model]
+    ok = [stats.meets(m, 0) and stats.meets(s, 0) for m, s in zip(t["peak_mem_bytes"], t["step_time_s"])]
+    t = t[ok]
+    if t["n_params"].nunique() < 2:
+        raise ValueError(f"model-size guideline needs at least 2 {model} sizes with valid time and memory, "
+                         f"got {t['n_params'].nunique()}")
+    p = t["n_params"].to_numpy(float)
+    m1, m0 = np.polyfit(p, t["peak_mem_bytes"].to_numpy(float), 1)
+    t1, t0 = np.polyfit(p, t["step_time_s"].to_numpy(float), 1)
+    # A budget is extrapolated only along a fit that grows measurably over the measured sizes (by at least
+    # MIN_GROWTH of its value at the smallest): a CPU process's resident set, which the framework dominates at
+    # small sizes, moves by noise, and a near-flat fit would put the limit anywhere.
+    span = p.max() - p.min()
+    flat = [name for name, slope, icpt in (("peak memory", m1, m0), ("step time", t1, t0))
+            if not slope * span > MIN_GROWTH * abs(icpt + slope * p.min())]
+    if flat:
+        raise ValueError(f"{' and '.join(flat)} of {model} did not grow measurably (by {MIN_GROWTH:.0%}) with the "
+                         f"parameter count over the measured sizes ({int(p.min()):,} to {int(p.max()):,} parameters), "
+                         f"so no limit is extrapolated; measure larger sizes")
+    p_mem = (memory_budget_bytes - m0) / m1 if m1 > 0 else float("inf")
+    p_time = (step_time_budget_s - t0) / t1 if t1 > 0 else float("inf")
+    limit = "memory" if p_mem < p_time else "time"
+    return {"model": model, "p_mem": float(p_mem), "p_time": float(p_time), "limit": limit,
+            "limit_params": float(min(p_mem, p_time)), "bytes_per_param": float(m1),
+            "seconds_per_param": float(t1)}
+
+
+def _limits(t: Table, goals: Goals, rows: list, text: list) -> None:
+    """Per group and model: the size beyond which memory rather than step time limits a process."""
+    question = "model size beyond which memory, not time, limits"
+    for key, g in groups.groupby(t.data, t.group_fields(drop=("model", "widths", "grid_size"))):
+        for model in sorted(set(g["model"])):
+            label = groups.model_label({"model": model, **key})
+            try:
+                lim = memory_or_time_limit(g, goals.memory_budget_bytes, goals.step_time_budget_s, model)
+            except ValueError as e:
+                text.append(f"{label}: {e}.")
+                rows.append({"question": question, "group": label, "answer": f"not resolved: {e}", "value": np.nan,
+                             "basis": NAME})
+                continue
+            other = "time" if lim["limit"] == "memory" else "memory"
+            other_p = lim["p_time"] if lim["limit"] == "memory" else lim["p_mem"]
+            text.append(f"{label}: with {fmt.nbytes(goals.memory_budget_bytes)} and {goals.step_time_budget_s:g} s "
+                        f"per step, {lim['limit']} limits a process first, at about {lim['limit_params']:.3g} "
+                        f"parameters ({other} would allow {other_p:.3g}; {lim['bytes_per_param']:.3g} B and "
+                        f"{lim['seconds_per_param']:.3g} s per parameter).")
+            rows.append({"question": question, "group": label,
+                         "answer": (f"memory limits first: at {lim['p_mem']:.3g} params" if lim["limit"] == "memory"
+                                    else f"time limits first: at {lim['p_time']:.3g} params"),
+                         "value": lim["limit_params"], "basis": NAME})
+
+
+def _fsdp_answers(t: Table, records: pd.DataFrame, rows: list, text: list) -> None:
+    """Per model: the size from which FSDP lowers the peak memory per process (and at every larger size)."""
+    table = fsdp_table(t)
+    if table.empty:
+        return
+    kind = groups.unique_text(records, "peak_mem_kind")
+    for model, g in table.groupby("model", sort=True):
+        n = fsdp_pays_from(g, model)
+        top = g.sort_values("n_params").iloc[-1]
+        if n is None:
+            answer = (f"no measured size: at the largest ({int(top['n_params']):,} parameters) FSDP's peak memory "
+                      f"per process is {top['mem_ratio']:.2f}x DDP's and its step {top['step_ratio']:.2f}x")
+            why = (" On CPU the peak is the process's resident set, which the framework dominates at these sizes "
+                   f"(analytic state: {fmt.nbytes(top['state_ddp_bytes'])} under DDP, "
+                   f"{fmt.nbytes(top['state_fsdp_bytes'])} per process under FSDP)."
+                   if "rss" in kind else "")
+            text.append(f"{model}, {top['placement']}: the data show no size where FSDP pays: {answer}.{why}")
+        else:
+            r = g[g["n_params"] == n].iloc[0]
+            answer = (f"from {n:,} parameters: peak memory per process {r['mem_ratio']:.2f}x DDP's, step "
+                      f"{r['step_ratio']:.2f}x")
+            text.append(f"{model}, {r['placement']}: FSDP starts to pay {answer} (and at every larger size measured).")
+        rows.append({"question": "model size from which FSDP lowers peak memory per process", "group": model,
+                     "answer": answer, "value": float(n) if n else np.nan, "basis": NAME})
+
+
+def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
+    """The size beyond which memory rather than step time limits a process (per group and model), and the size
+    from which FSDP lowers the peak memory per process (per model)."""
+    t = table_of(ctx)
+    rows, text = [], []
+    _limits(t, goals, rows, text)
+    _fsdp_answers(t, ctx.runs(RECORDS).data, rows, text)
+    return rows, text

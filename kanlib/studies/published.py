@@ -1,0 +1,171 @@
+"""The published setup (8 GPUs = 4 nodes x 2) through the calibrated model, beside the published 5.97x speedup,
+74.7% efficiency and 1.3-6.1% communication overhead.
+
+Not a study with records of its own: it combines the studies' records with the model of
+kanlib.analysis.commmodel (kanlib.analysis.presets.published_comparison), in up to three scenarios: the preset's
+compute and links (marked as a preset); the compute measured here with the preset's links; the compute and links
+measured here (the collective-benchmark fit).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kanlib.analysis import commmodel, fmt, load, presets, style
+from kanlib.analysis.context import Context, Goals
+from kanlib.analysis.explorer import View
+from kanlib.analysis.section import StudyAnalysis
+from kanlib.analysis.table import Table
+from kanlib.studies import calibration
+
+NAME = SECTION = "published"
+RECORDS = None
+TITLE = "The published setup (8 GPUs = 4 nodes x 2) through the calibrated model"
+PUBLISHED = "5.97x / 74.7% / 1.3-6.1% measured on the published cluster"
+AXES, SWEPT, EXPLORER = (), (), View()
+_SCENARIO_COLORS = ("#9ecae1", "#4292c6", "#08306b", "#807dba")
+
+
+def measured_profile(ctx: Context, model: str = "kan"):
+    """A compute profile from the single-process runs of ``model`` (kanlib.analysis.commmodel.profile_from_records):
+    the strong-scaling study's when it has some (several widths and batches resolve a fixed per-step time), else
+    any study's. ``(profile or None, sentence)``."""
+    try:
+        df = ctx.runs().data
+    except load.NoRecordsError as e:
+        return None, f"no measured compute profile: {e}"
+    ones = df[(df["world_size"] == 1) & (df.get("model", "kan") == model)]
+    strong = ones[ones["study"] == "strong_scaling"]
+    use = strong if len(strong) else ones
+    if use.empty:
+        return None, f"no measured compute profile: no single-process {model} run under this folder"
+    prof = commmodel.profile_from_records(use, model)
+    prof.source = f"measured here: {len(use)} single-process {model} runs of {', '.join(sorted(set(use['study'])))}"
+    return prof, (f"Measured compute profile: {prof.seconds_per_sample_param:.3g} s per sample-parameter, fixed "
+                  f"{prof.fixed_s * 1e3:.3g} ms per step, backward {prof.backward_fraction:.0%} of the step "
+                  f"({prof.source}; device {fmt.distinct(use, 'device_name')}).")
+
+
+def plain_fit(fits: dict | None):
+    """The fit of the machine's own links (no emulation) to use for what-ifs: NCCL on CUDA first, else the
+    first; None without fits."""
+    if not fits:
+        return None
+    plain = {k: f for k, f in fits.items() if not (k[3] or k[4])}
+    if not plain:
+        return None
+    key = sorted(plain, key=lambda k: (k[0] != "nccl", k[1] != "cuda", k[2] not in ("ring", "auto"), k))[0]
+    return plain[key]
+
+
+def table(comparisons: dict) -> Table:
+    """The published shape's speedup, efficiency and overhead: published, and predicted in each scenario
+    (``{name: kanlib.analysis.presets.published_comparison(...)}``), display-ready."""
+    first = next(iter(comparisons.values()))["table"].set_index("quantity")
+    out = pd.DataFrame({"quantity": first.index, "published": [
+        f"{v:.2f}x" if "speedup" in q else (f"{v:.1%}" if isinstance(v, float) else v)
+        for q, v in first["published"].items()]})
+    for name, r in comparisons.items():
+        s = r["table"].set_index("quantity")["predicted"]
+        out[name] = [f"{v:.2f}x" if "speedup" in q else f"{v:.1%}" for q, v in s.items()]
+    return Table(out)
+
+
+def display_table(t: Table) -> pd.DataFrame:
+    """The comparison as it is (already display-ready)."""
+    return t.data
+
+
+def figure(comparisons: dict, title: str = "The published setup (8 GPUs = 4 nodes x 2) through the model"
+           ) -> go.Figure:
+    """Predicted speedup, efficiency and communication overhead at the published shape per scenario
+    (``{name: kanlib.analysis.presets.published_comparison(...)}``) as bars, the published 5.97x, 74.7% and
+    1.3-6.1% as dotted lines and a band."""
+    pub = presets.PUBLISHED
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("Speedup at 8 GPUs", "Efficiency",
+                                                        "Exposed communication / step"))
+    for i, (name, r) in enumerate(comparisons.items()):
+        t = r["table"].set_index("quantity")["predicted"].tolist()
+        for col, v in enumerate(t, start=1):
+            fig.add_trace(go.Bar(x=[f"S{i + 1}"], y=[v], name=name, legendgroup=name, showlegend=col == 1,
+                                 marker=dict(color=_SCENARIO_COLORS[i % len(_SCENARIO_COLORS)]),
+                                 hovertext=[f"{name}: {v:.3g}"], hoverinfo="text"), 1, col)
+    fig.add_hline(y=pub["speedup"], line=dict(dash="dot", color="grey"), row=1, col=1)
+    fig.add_hline(y=pub["efficiency"], line=dict(dash="dot", color="grey"), row=1, col=2)
+    fig.add_hrect(y0=pub["overhead_fraction_min"], y1=pub["overhead_fraction_max"], fillcolor="grey",
+                  opacity=0.2, line_width=0, row=1, col=3)
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(tickformat=".0%", row=1, col=2)
+    fig.update_yaxes(tickformat=".1%", row=1, col=3)
+    fig.update_layout(title=title, template=style.TEMPLATE, height=420, legend=dict(orientation="h", y=-0.15))
+    return fig
+
+
+def analyze(ctx: Context, preset_name: str = "a100-hdr", widths=(64, 256, 256, 1), grid_size: int = 5,
+            spline_order: int = 3, global_batch: int = 65536, bucket_cap_mb: float = 25.0,
+            bench_time_col: str = "time_s_p10") -> StudyAnalysis:
+    """The model's prediction for the published shape in each scenario this folder supports, the comparison
+    table and the assumptions that move each prediction most."""
+    a = StudyAnalysis(NAME)
+    presets.preset(preset_name)  # an unknown name is refused before any work
+    prof, prof_line = measured_profile(ctx)
+    fit = calibration.link_fit(ctx, bench_time_col)
+    machine = plain_fit(fit.fits)
+    kw = dict(widths=tuple(widths), grid_size=grid_size, spline_order=spline_order, global_batch=global_batch,
+              bucket_cap_mb=bucket_cap_mb, preset_name=preset_name)
+    scenarios = {f"preset {preset_name} (compute and links; a preset, not a measurement)": (None, None)}
+    if prof is not None:
+        scenarios[f"compute measured here, links of preset {preset_name}"] = (prof, None)
+    if prof is not None and machine is not None:
+        scenarios["compute and links measured here (collective-benchmark fit)"] = (prof, machine.model)
+    comparisons, drivers = {}, []
+    for name, (pr, model) in scenarios.items():
+        try:
+            r = presets.published_comparison(profile=pr, model=model, **kw)
+        except ValueError as e:  # e.g. the measured fit has no inter-node link
+            a.lines.append(f"{name}: no prediction: {e}.")
+            continue
+        d = r["drivers"].head(4).copy()
+        d.insert(0, "scenario", name)
+        drivers.append(d)
+        a.lines.append(f"{name}: {r['text']}")
+        comparisons[name] = r
+    if comparisons:
+        a.extra["comparisons"] = comparisons
+        a.add_figure("comparison", figure(comparisons), (
+            "The published shape (4 nodes x 2 GPUs) predicted in each scenario (bars) beside the published numbers "
+            "(dotted lines; the shaded band is the published 1.3-6.1% overhead range). Preset scenarios come from "
+            "specifications, not measurements; a gap means the assumptions differ from the published cluster's "
+            "(the table below ranks which ones move the prediction most)."))
+        a.add_table("comparison", display_table(table(comparisons)), (
+            f"The published shape through the model: {list(widths)} (G={grid_size}, k={spline_order}), global batch "
+            f"{global_batch}, {bucket_cap_mb:g} MiB buckets, ring all-reduce, overlap with backward"))
+        dr = pd.concat(drivers, ignore_index=True)
+        a.add_table("drivers", pd.DataFrame({"scenario": dr["scenario"], "assumption changed": dr["assumption"],
+                                             "efficiency": dr["efficiency"].map(fmt.pct1),
+                                             "change": dr["delta_efficiency"].map(fmt.signed_pct),
+                                             "overhead": dr["overhead_fraction"].map(fmt.pct1)}),
+                    "The assumptions that move each prediction most (one changed at a time)")
+    a.lines.insert(0, prof_line)
+    a.lines.insert(1, fit.sentence if machine is not None else "Links: " + fit.sentence)
+    a.message = ("Presets come from specifications and NCCL's tuning tables, not from measurements; the "
+                 "measured scenarios use this folder's records.")
+    a.records = pd.DataFrame() if comparisons else None
+    return a
+
+
+def finding(a: StudyAnalysis) -> list[dict]:
+    """The published setup's predicted speedup, efficiency and overhead in each scenario."""
+    if "comparison" not in a.tables:
+        return []
+    c = a.tables["comparison"]
+    parts = [f"{col}: " + ", ".join(c[col]) for col in c.columns[2:]]
+    return [{"study": SECTION, "topic": "The published setup predicted (speedup, efficiency, overhead)",
+             "ours": "; ".join(parts), "published": PUBLISHED}]
+
+
+def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
+    """None: a what-if of the model, not a decision from these records."""
+    return [], []

@@ -1,0 +1,426 @@
+"""Time to accuracy: training to a target validation loss, per placement, in strong and weak series.
+
+A strong series holds one global batch at several world sizes (its time-to-target speedup should equal the step
+speedup); a weak series holds one per-process batch (its global batch grows with N, and so may the samples
+needed: statistical efficiency). Both are found in the same records. Guideline: the placement that reaches the
+target soonest.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kanlib.analysis import fmt, groups, load, stats, style
+from kanlib.analysis.context import Context, Goals
+from kanlib.analysis.explorer import View
+from kanlib.analysis.section import StudyAnalysis
+from kanlib.analysis.table import Table
+from kanlib.records import STEPS_NAME
+
+NAME = SECTION = RECORDS = "time_to_accuracy"
+TITLE = "Time to accuracy (training to a target validation loss)"
+PUBLISHED = "not measured: step throughput only"
+AXES = ("nnodes", "nproc_per_node", "global_batch", "local_batch", "n_train", "lr_base_batch")
+"""What varies within a group: a strong series shares a global batch, a weak one a per-process batch."""
+SWEPT = ("nnodes", "nproc_per_node", "global_batch", "lr_rule", "lr_base_batch", "n_train")
+EXPLORER = View(x=("world_size", "global_batch", "local_batch"), series=("lr_rule",))
+
+
+def design(df: pd.DataFrame) -> groups.Design:
+    """How this study's records split (:func:`kanlib.analysis.groups.design`)."""
+    return groups.design(df, NAME, AXES, SWEPT)
+
+
+def _reached(at: pd.DataFrame) -> np.ndarray:
+    return at["reached_target"].fillna(False).astype(bool).to_numpy() if "reached_target" in at \
+        else np.zeros(len(at), bool)
+
+
+def _median_of(at: pd.DataFrame, col: str, where=None) -> float:
+    """The median of ``at[col]`` over the finite values (of the rows ``where``), NaN when there is none."""
+    v = groups.numbers(at, col)
+    if where is not None:
+        if not where.any():
+            return np.nan
+        v = np.where(where, v, np.nan)
+    return float(np.nanmedian(v)) if np.isfinite(v).any() else np.nan
+
+
+def _row(key: dict, kind: str, batch, p: tuple, at: pd.DataFrame, base: pd.DataFrame, p0: tuple,
+         n_boot: int, seed: int) -> dict:
+    """One placement of one series: steps, samples and time to the target, and the speedups against ``p0``."""
+    n, n0 = p[0] * p[1], p0[0] * p0[1]
+    reached = _reached(at)
+    ttt = groups.numbers(at, "time_to_target_s")
+    ttt[~reached] = np.nan
+    t_med, t_lo, t_hi = (stats.median_ci(ttt[np.isfinite(ttt)], n_boot, seed) if np.isfinite(ttt).any()
+                         else (np.nan, np.nan, np.nan))
+    row = {**key, "series": kind, "series_batch": int(batch), "world_size": n, "nnodes": p[0],
+           "nproc_per_node": p[1], "placement": groups.placement_of(*p), "inter_node": p[0] > 1,
+           "global_batch": int(at["global_batch"].iloc[0]), "local_batch": int(at["local_batch"].iloc[0]),
+           "n_runs": int(len(at)), "n_reached": int(reached.sum()), "all_reached": bool(reached.all()),
+           "steps_to_target": _median_of(at, "steps_to_target", reached),
+           "samples_to_target": _median_of(at, "samples_to_target", reached),
+           "time_to_target_s": t_med, "time_to_target_lo": t_lo, "time_to_target_hi": t_hi,
+           "step_time_s": float(np.median(groups.numbers(at, "step_time_s"))),
+           "final_val_loss": _median_of(at, "final_val_loss"),
+           "final_val_accuracy": _median_of(at, "final_val_accuracy"),
+           "chance_accuracy": _median_of(at, "chance_accuracy")}
+    b_reached = _reached(base)
+    b_ttt = groups.numbers(base, "time_to_target_s")
+    b_ttt[~b_reached] = np.nan
+    if p == p0:
+        reach = float(n0) if np.isfinite(t_med) else np.nan
+        row.update(time_speedup=reach, time_speedup_lo=reach, time_speedup_hi=reach,
+                   step_speedup=float(n0), step_speedup_lo=float(n0), step_speedup_hi=float(n0))
+    else:
+        ts, ts_lo, ts_hi = stats.ratio_ci(b_ttt, ttt, n_boot, n0, seed)
+        ss, ss_lo, ss_hi = stats.ratio_ci(groups.numbers(base, "step_time_s"), groups.numbers(at, "step_time_s"),
+                                          n_boot, n0, seed)
+        row.update(time_speedup=ts, time_speedup_lo=ts_lo, time_speedup_hi=ts_hi,
+                   step_speedup=ss, step_speedup_lo=ss_lo, step_speedup_hi=ss_hi)
+    if kind == "weak":
+        b_samples = np.where(b_reached, groups.numbers(base, "samples_to_target"), np.nan)
+        samples = np.where(reached, groups.numbers(at, "samples_to_target"), np.nan)
+        se, se_lo, se_hi = ((1.0, 1.0, 1.0) if p == p0 and reached.any() else
+                            stats.ratio_ci(b_samples, samples, n_boot, seed=seed))
+        row.update(statistical_efficiency=se, statistical_efficiency_lo=se_lo, statistical_efficiency_hi=se_hi)
+    return row
+
+
+def table(df: pd.DataFrame, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> Table:
+    """Time to a target validation loss, per series, group and placement.
+
+    A **strong** series holds one global batch at several world sizes (the time-to-target speedup
+    should equal the step speedup: the same samples per step, so the same steps to the target); a
+    **weak** series holds one per-process batch (``local_batch``) at several world sizes, so the global
+    batch grows with N and so may the samples needed (statistical efficiency). Both are found in the
+    same records: a folder may hold both kinds. Groups: every other config field that differs
+    (``lr_rule``, task, widths, ...).
+
+    Per row, over the repeats that reached the target (``n_reached`` of ``n_runs``; medians of runs that
+    did not are undefined, so ``all_reached`` says when a median leaves some out): ``steps_to_target``,
+    ``samples_to_target``, ``time_to_target_s`` (training wall time, evaluations excluded; ``_lo``/``_hi``
+    its bootstrap 95% interval), ``step_time_s``, ``final_val_loss``, ``final_val_accuracy``. Against the
+    series' smallest placement ``N0``: ``time_speedup = TTT(N0) N0 / TTT(N)`` and ``step_speedup = T(N0) N0
+    / T(N)`` (each with an interval), and for weak series ``statistical_efficiency = samples(N0) /
+    samples(N)`` (1: the larger batch needs no more samples; 0.5: twice as many).
+    """
+    df, dropped = groups.valid(groups.with_placement(df), "step_time_s")
+    df["local_batch"] = df["global_batch"] // df["world_size"]
+    d = groups.groups_of(df, NAME, AXES, SWEPT)
+    rows = []
+    for key, g in groups.groupby(df, d.groups):
+        for kind, by in (("strong", "global_batch"), ("weak", "local_batch")):
+            for batch, s in g.groupby(by, sort=True):
+                pts = groups.placements(s)
+                if s["world_size"].nunique() < 2 or (kind == "weak" and s["global_batch"].nunique() < 2):
+                    continue  # a series spans world sizes; a weak one needs a global batch that grows with them
+                base = groups.at(s, *pts[0])
+                rows += [_row(key, kind, batch, p, groups.at(s, *p), base, pts[0], n_boot, seed) for p in pts]
+    out = pd.DataFrame(rows)
+    if not out.empty and "statistical_efficiency" not in out:
+        out["statistical_efficiency"] = out["statistical_efficiency_lo"] = out["statistical_efficiency_hi"] = np.nan
+    return groups.finish(out, d, dropped, "step_time_s")
+
+
+def val_curves(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The validation-loss curve of every run in ``df`` (records with ``record_path``), from each run's
+    ``steps.csv``: one row per evaluation with ``steps`` (optimizer steps done), ``samples``
+    (steps x global batch), ``train_time_s`` (cumulative step time of rank 0 up to that step, s),
+    ``val_loss``, ``val_accuracy``, and the run's ``placement``, ``world_size``, ``global_batch``,
+    ``lr_rule``, ``repeat``, ``run_key`` and ``record_path``. Runs without evaluations add no rows. Returns the
+    curves and the run folders whose ``steps.csv`` is missing."""
+    df = groups.with_placement(df)
+    parts, missing = [], []
+    for _, r in df.iterrows():
+        run_dir = os.path.dirname(str(r.get("record_path", "")))
+        if not os.path.exists(os.path.join(run_dir, STEPS_NAME)):
+            missing.append(run_dir)
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a truncated last row is dropped; the curve needs none of it
+            s = load.load_steps(run_dir)
+        s = s.sort_values(["step", "attempt"]).drop_duplicates("step", keep="last")
+        s["train_time_s"] = s["step_time_s"].fillna(0).cumsum()
+        s = s[np.isfinite(s["val_loss"].to_numpy(float))]
+        if s.empty:
+            continue
+        out = pd.DataFrame({"steps": s["step"].to_numpy() + 1, "val_loss": s["val_loss"].to_numpy(float),
+                            "val_accuracy": s["val_accuracy"].to_numpy(float),
+                            "train_time_s": s["train_time_s"].to_numpy(float)})
+        out["samples"] = out["steps"] * int(r["global_batch"])
+        for c in ("placement", "world_size", "nnodes", "nproc_per_node", "global_batch", "lr_rule", "repeat", "run_key",
+                  "record_path", "model", "task", "target_val_loss"):
+            out[c] = r.get(c)
+        parts.append(out)
+    cols = ["steps", "samples", "train_time_s", "val_loss", "val_accuracy", "placement", "world_size", "nnodes",
+            "nproc_per_node", "global_batch", "lr_rule", "repeat", "run_key", "record_path", "model", "task",
+            "target_val_loss"]
+    return (pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)), missing
+
+
+# -- figures -------------------------------------------------------------------------------------
+def curves_figure(curves: pd.DataFrame, title: str = "Validation loss on the way to the target") -> go.Figure:
+    """Validation loss (log) against samples seen and against cumulative step time, one line per run
+    (:func:`val_curves`), a subplot pair per learning-rate rule; colour: model; marker:
+    placement; dashed: across nodes; the dotted line is the target."""
+    rules = sorted(curves["lr_rule"].fillna("none").unique()) if len(curves) else ["none"]
+    fig, cols = style.grid(len(rules), 2, [f"lr_rule={r}" if len(rules) > 1 else "" for r in rules],
+                           ["Validation loss against samples", "Validation loss against step time (s)"],
+                           height_per_row=340,
+                           vertical_spacing=min(0.2, 0.7 / max(1, 2 * math.ceil(len(rules) / style.FACET_COLS))))
+    fams = set()
+    for i, rule in enumerate(rules):
+        g = curves[curves["lr_rule"].fillna("none") == rule]
+        for key, run in groups.groupby(g, ["record_path"]):
+            fams.add(_add_curve(fig, run.sort_values("steps"), i, cols))
+        targets = sorted({float(v) for v in g["target_val_loss"].dropna() if float(v) > 0})
+        for k in range(2):
+            r, c = style.cell(i, k, cols, 2)
+            for tv in targets:
+                fig.add_hline(y=tv, line=dict(dash="dot", color="grey"), row=r, col=c)
+            fig.update_yaxes(type="log", row=r, col=c)
+            if k == 1:  # the top panel's title already says "against samples"
+                fig.update_xaxes(title_text="cumulative step time (s)", row=r, col=c)
+    style.legend_key(fig, sorted(curves["model"].dropna().unique()) if len(curves) else [],
+                     style.drawn_placements(fig, curves) if len(curves) else [], sorted(fams),
+                     extra=[("dotted: target validation loss",
+                             dict(mode="lines", line=dict(color="grey", dash="dot")))])
+    fig.update_layout(title=title, template=style.TEMPLATE)
+    return fig
+
+
+def _add_curve(fig: go.Figure, run: pd.DataFrame, i: int, cols: int) -> str:
+    """One run's curve in both panels of facet ``i``; returns its line family."""
+    r0 = run.iloc[0]
+    m, p = str(r0["model"]), str(r0["placement"])
+    fam = groups.family(int(r0["nnodes"]))
+    look = dict(mode="lines+markers" if len(run) > 1 else "markers", legendgroup=m, showlegend=False,
+                name=f"{m} {p} B={int(r0['global_batch'])} r{int(r0['repeat'])}",
+                line=dict(color=style.model_color(m), dash=style.FAMILY_DASH[fam], width=1.5),
+                marker=dict(symbol=style.placement_symbol(p), size=6, color=style.model_color(m)))
+    hover = [f"{m} {p}, global batch {int(r0['global_batch'])}, repeat {int(r0['repeat'])}<br>step {s}, "
+             f"{n:,} samples, {t:.3g} s<br>val loss {v:.4g}" for s, n, t, v in
+             zip(run["steps"], run["samples"], run["train_time_s"], run["val_loss"])]
+    r, c = style.cell(i, 0, cols, 2)
+    fig.add_trace(go.Scatter(x=run["samples"], y=run["val_loss"], hovertext=hover, hoverinfo="text", **look), r, c)
+    r, c = style.cell(i, 1, cols, 2)
+    fig.add_trace(go.Scatter(x=run["train_time_s"], y=run["val_loss"], hovertext=hover, hoverinfo="text", **look), r, c)
+    return fam
+
+
+def speedup_figure(table: Table, title: str = "Time to target: speedup and statistical efficiency") -> go.Figure:
+    """Left: strong series (one global batch) - per placement the step speedup (light bar) beside the
+    time-to-target speedup (solid bar), each with its interval; they should match. Right: weak series
+    (one per-process batch) - the statistical efficiency ``samples(N0) / samples(N)`` per placement, a
+    bar per learning-rate rule (shade). Colour: model."""
+    t = table.data
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Strong: step speedup (light) vs time-to-target speedup",
+                                                        "Weak: statistical efficiency samples(N0)/samples(N)"))
+    strong = t[t["series"] == "strong"]
+    for key, g in groups.groupby(strong, ["model"]):
+        m = key["model"]
+        label = g["placement"] + np.where(g["series_batch"].nunique() > 1, ", B=" + g["series_batch"].astype(str), "")
+        for col, name, op in (("step_speedup", "step", 0.35), ("time_speedup", "time to target", 1.0)):
+            fig.add_trace(go.Bar(x=label, y=g[col], name=f"{m} {name} speedup", legendgroup=m, showlegend=False,
+                                 marker=dict(color=style.model_color(m), opacity=op), **style.error_bars(g, col)), 1, 1)
+    weak = t[t["series"] == "weak"]
+    rules = sorted(weak["lr_rule"].fillna("none").unique()) if "lr_rule" in weak and len(weak) else []
+    for key, g in groups.groupby(weak, ["model"]):
+        m = key["model"]
+        for j, rule in enumerate(rules):
+            gr = g[g["lr_rule"].fillna("none") == rule]
+            label = gr["placement"] + ", " + gr["local_batch"].astype(str) + "/process"
+            fig.add_trace(go.Bar(x=label, y=gr["statistical_efficiency"], name=f"{m} lr_rule={rule}", legendgroup=m,
+                                 showlegend=False, marker=dict(color=style.model_color(m), opacity=1.0 - 0.25 * j),
+                                 text=[f"lr {rule}"] * len(gr), textposition="outside",
+                                 **style.error_bars(gr, "statistical_efficiency")), 1, 2)
+    fig.add_hline(y=1.0, line=dict(dash="dot", color="grey"), row=1, col=2)
+    style.legend_key(fig, sorted(t["model"].unique()),
+                     extra=[("light: step speedup; solid: time-to-target speedup",
+                             dict(mode="markers", marker=dict(symbol="square", color=style.GREY, size=12)))])
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(barmode="group", title=title, template=style.TEMPLATE, height=460)
+    return fig
+
+
+def table_of(ctx: Context) -> Table:
+    """:func:`table` of the study's records, once per build."""
+    return ctx.cached((NAME, "table"), lambda: table(ctx.runs(RECORDS).data))
+
+
+def _series_lines(t: pd.DataFrame) -> list[str]:
+    """A sentence per placement beyond each series' first: the speedups of a strong series, the statistical
+    efficiency of a weak one."""
+    lines = []
+    beyond_n0 = t[t["world_size"] > t.groupby(["series", "series_batch"])["world_size"].transform("min")] \
+        if not t.empty else t
+    for _, r in beyond_n0.iterrows():
+        if r["series"] == "strong":
+            lines.append(f"strong, global batch {r['series_batch']}, {r['placement']}: time-to-target speedup "
+                         f"{fmt.ci_text(r['time_speedup'], r['time_speedup_lo'], r['time_speedup_hi'], fmt.x)} "
+                         f"beside step speedup "
+                         f"{fmt.ci_text(r['step_speedup'], r['step_speedup_lo'], r['step_speedup_hi'], fmt.x)}"
+                         f" ({r['n_reached']}/{r['n_runs']} runs reached the target).")
+        else:
+            se = fmt.ci_text(r['statistical_efficiency'], r['statistical_efficiency_lo'],
+                             r['statistical_efficiency_hi'], fmt.pct)
+            lines.append(f"weak, {r['series_batch']} per process, lr_rule {r.get('lr_rule', 'none')}, {r['placement']} "
+                         f"(global batch {r['global_batch']}): statistical efficiency {se}, time-to-target speedup "
+                         f"{fmt.x(r['time_speedup'])}.")
+    return lines
+
+
+def analyze(ctx: Context) -> StudyAnalysis:
+    """The validation-loss curves (from each run's steps.csv), the speedup figure and a sentence per series
+    point; no table when no batch was measured at two placements."""
+    t = table_of(ctx)
+    curves, missing = val_curves(ctx.runs(RECORDS).data)
+    a = StudyAnalysis(NAME, table=t if not t.empty else None)
+    if len(curves):
+        a.add_figure("curves", curves_figure(curves), (
+            "Validation loss (evaluated every eval_every steps, outside the timed region) against samples seen and "
+            "against cumulative step time, one line per run; the dotted line is the target. In strong mode (one "
+            "global batch) the curves against samples coincide, so the faster step reaches the target sooner; in "
+            "weak mode a larger global batch may need more samples."))
+    if not t.empty:
+        a.add_figure("speedup", speedup_figure(t), (
+            "Strong series: the time-to-target speedup beside the step speedup, per placement (they should match: "
+            "the same samples per step need the same steps). Weak series: statistical efficiency samples(N0)/"
+            "samples(N) per learning-rate rule; 1 means the larger batch needs no more samples."))
+    a.lines = _series_lines(t.data)
+    if missing:
+        a.lines.append(f"{len(missing)} run(s) have no steps.csv: no curve.")
+    a.extra["curves"] = curves
+    a.note = "" if not t.empty else "No series: a strong or weak series needs one batch at two or more placements."
+    return a
+
+
+def record_label(row) -> str:
+    """What names one record in the report's list besides model, widths, batch, placement and repeat: nothing."""
+    return ""
+
+def display_table(t: Table) -> pd.DataFrame:
+    """Per series and placement: runs that reached the target, steps, samples and time to it, both speedups,
+    statistical efficiency (weak series) and the final validation loss."""
+    d = t.data
+    if d.empty:
+        return pd.DataFrame()
+    out = {**{f: d[f].map(fmt.value) for f in t.group_fields()},
+           "series": [f"{s} ({'B' if s == 'strong' else 'per process'} {b})" for s, b in
+                      zip(d["series"], d["series_batch"])],
+           "placement": d["placement"], "global batch": d["global_batch"],
+           "reached": [f"{a}/{b}" for a, b in zip(d["n_reached"], d["n_runs"])],
+           "steps to target": d["steps_to_target"].map(lambda v: f"{v:.0f}" if np.isfinite(v) else "n/a"),
+           "samples to target": d["samples_to_target"].map(lambda v: f"{v:,.0f}" if np.isfinite(v) else "n/a"),
+           "time to target (s)": fmt.ci_column(d, "time_to_target_s", fmt.sec, "time_to_target_lo",
+                                               "time_to_target_hi"),
+           "step (ms)": d["step_time_s"].map(fmt.ms),
+           "time-to-target speedup": fmt.ci_column(d, "time_speedup", fmt.x),
+           "step speedup": fmt.ci_column(d, "step_speedup", fmt.x)}
+    if (d["series"] == "weak").any():
+        out["statistical efficiency"] = [fmt.ci_text(v, a, b, fmt.pct) if s == "weak" else "" for s, v, a, b in
+                                         zip(d["series"], d["statistical_efficiency"],
+                                             d["statistical_efficiency_lo"], d["statistical_efficiency_hi"])]
+    out["final val loss"] = d["final_val_loss"].map(lambda v: f"{v:.4g}" if np.isfinite(v) else "n/a")
+    if np.isfinite(d["final_val_accuracy"].to_numpy(float)).any():
+        out["final val accuracy (chance)"] = [f"{a:.1%} ({c:.1%})" if np.isfinite(a) else "n/a" for a, c in
+                                              zip(d["final_val_accuracy"], d["chance_accuracy"])]
+    return pd.DataFrame(out).reset_index(drop=True)
+
+
+def finding(a: StudyAnalysis) -> list[dict]:
+    """Per series at its largest placement: the time-to-target speedup (strong) or statistical efficiency (weak)."""
+    if a.table is None or a.table.empty:
+        return []
+    parts = []
+    for (kind, batch), g in a.table.data.groupby(["series", "series_batch"], sort=True):
+        r = g.sort_values("world_size").iloc[-1]
+        if kind == "strong":
+            parts.append(f"strong (B={batch}) at {r['placement']}: time-to-target speedup "
+                         f"{fmt.ci_text(r['time_speedup'], r['time_speedup_lo'], r['time_speedup_hi'], fmt.x)} vs step "
+                         f"speedup {fmt.x(r['step_speedup'])}")
+            continue
+        for _, rr in g[g["world_size"] == g["world_size"].max()].iterrows():
+            se = fmt.ci_text(rr['statistical_efficiency'], rr['statistical_efficiency_lo'],
+                             rr['statistical_efficiency_hi'], fmt.pct)
+            parts.append(f"weak ({batch}/process, lr_rule {rr.get('lr_rule', 'none')}) at {rr['placement']}: "
+                         f"statistical efficiency {se}")
+    return [{"study": SECTION, "topic": "Time to the target validation loss", "ours": "; ".join(parts) or "no series",
+             "published": PUBLISHED}]
+
+
+# -- guideline -------------------------------------------------------------------------------------
+def _time_ci(row) -> str:
+    v, lo, hi = row["time_to_target_s"], row.get("time_to_target_lo", np.nan), row.get("time_to_target_hi", np.nan)
+    if np.isfinite(lo) and np.isfinite(hi) and (lo != v or hi != v):
+        return f"{v:.3g} s [{lo:.3g}, {hi:.3g}]"
+    return f"{v:.3g} s"
+
+
+def _soonest(g: pd.DataFrame, label: str, target: str, text: list) -> tuple[str, float]:
+    """The answer for one series that reached the target somewhere, and the best time."""
+    done = g[g["time_to_target_s"].notna()]
+    full = done[done["all_reached"]]
+    pool = (full if not full.empty else done).sort_values("time_to_target_s")
+    best = pool.iloc[0]
+    ci = _time_ci(best)
+    lo, hi = (pool.get(c, pd.Series(np.nan, index=pool.index)) for c in ("time_to_target_lo", "time_to_target_hi"))
+    # tied unless its interval starts more than the margin above the best's: with two or three runs a
+    # point's interval is about the range of its runs, and a 2-process run here takes either of two
+    # step times (2.2 or 4.4 ms at 1x2 on digits), so intervals that merely do not touch flip between
+    # study runs (1x1 named in one of two runs of 64b3775, tied in the other)
+    overlap = (lo <= float(hi.iloc[0]) * (1 + stats.MARGIN)) & np.isfinite(hi.iloc[0]) & np.isfinite(lo)
+    tied = pool[stats.within_margin(pool["time_to_target_s"]) | overlap]
+    if len(tied) > 1:
+        names = ", ".join(sorted(tied["placement"], key=groups.placement_key))
+        answer = (f"no measurable difference between {names}: within {stats.MARGIN:.0%} of "
+                  f"{best['placement']}'s {ci} or of its 95% interval, to validation loss {target}")
+    else:
+        answer = (f"{best['placement']} ({int(best['nnodes'])} node(s) x {int(best['nproc_per_node'])}): "
+                  f"{ci} to validation loss {target} ({int(best['n_reached'])}/{int(best['n_runs'])} runs)")
+    rest = "; ".join(f"{r['placement']} {_time_ci(r)}" + ("" if r["all_reached"] else
+                                                         f" ({int(r['n_reached'])}/{int(r['n_runs'])} reached)")
+                     for _, r in done.iterrows() if r["placement"] != best["placement"])
+    missed = [r["placement"] for _, r in g.iterrows() if r["n_reached"] == 0]
+    text.append(f"{label}: {best['placement']} reaches the target soonest, in {ci} of training "
+                + (f"(not measurably sooner than {', '.join(tied['placement'][1:])}: within "
+                   f"{stats.MARGIN:.0%} of its time or of its 95% interval) " if len(tied) > 1 else "")
+                + f"({best['steps_to_target']:.0f} steps, {best['samples_to_target']:,.0f} samples)"
+                + (f"; also: {rest}" if rest else "")
+                + (f"; never reached at {', '.join(missed)}" if missed else "") + ".")
+    return answer, float(best["time_to_target_s"])
+
+
+def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
+    """Per group and series: the placement that reaches the target validation loss soonest (several named
+    together when the data cannot rank them)."""
+    t = table_of(ctx)
+    rows, text = [], []
+    if t.empty:
+        text.append("Time to accuracy: no series with two placements of one global or per-process batch.")
+        return rows, text
+    keys = t.group_fields()
+    target = groups.unique_text(ctx.runs(RECORDS).data, "target_val_loss")
+    for key, g in groups.groupby(t.data, keys + ["series", "series_batch"]):
+        label = groups.model_label({k: v for k, v in key.items() if k in keys})
+        what = (f"global batch {key['series_batch']}" if key["series"] == "strong"
+                else f"{key['series_batch']} samples per process")
+        label = f"{label}, {key['series']} ({what})"
+        if g["time_to_target_s"].notna().any():
+            answer, value = _soonest(g, label, target, text)
+        else:
+            answer, value = f"none reached validation loss {target}", np.nan
+            text.append(f"{label}: no placement reached the target validation loss {target} (best final loss "
+                        f"{g['final_val_loss'].min():.4g}); train longer or raise the target.")
+        rows.append({"question": "placement that reaches the target soonest", "group": label, "answer": answer,
+                     "value": value, "basis": NAME})
+    return rows, text

@@ -1,0 +1,138 @@
+"""The shared analysis machinery: reading records once (bad files named, code versions never pooled),
+statistics, the checks a guideline makes, and what the analysis imports."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from synthetic import strong_records, write_records
+
+from kanlib import guidelines
+from kanlib.analysis import load, stats
+from kanlib.studies import strong_scaling
+
+
+def test_amdahl_fit_recovers_the_serial_fraction():
+    n = np.array([1, 2, 4, 8, 16])
+    assert stats.fit_amdahl(n, stats.amdahl_speedup(n, 0.07)) == pytest.approx(0.07)
+
+
+def test_bootstrap_interval_contains_the_median_and_shrinks_with_data():
+    rng = np.random.default_rng(1)
+    small, big = rng.normal(1, 0.1, 5), rng.normal(1, 0.1, 500)
+    lo, hi = stats.bootstrap_ci(small)
+    assert lo <= np.median(small) <= hi
+    lo2, hi2 = stats.bootstrap_ci(big)
+    assert hi2 - lo2 < hi - lo
+    assert stats.bootstrap_ci([3.0]) == (3.0, 3.0)
+
+
+def test_load_records_skips_and_names_bad_files_and_strict_raises(tmp_path):
+    write_records(tmp_path, strong_records({1: 1.0}, repeats=2))
+    bad = tmp_path / "strong_scaling" / "broken"
+    bad.mkdir()
+    (bad / "record.json").write_text('{"schema_version": 1, "study": "strong_')
+    with pytest.warns(UserWarning, match="skipped 1 unreadable"):
+        recs = load.read(str(tmp_path))
+    assert len(recs.select().data) == 2
+    (path, line, reason), = recs.bad
+    assert path.endswith("broken/record.json") and line == 1
+    with pytest.raises(load.RecordError, match="broken/record.json, line 1"):
+        load.load_records(str(tmp_path), strict=True)
+
+
+def test_empty_output_dir_says_no_records(tmp_path):
+    from kanlib import report
+
+    with pytest.raises(load.NoRecordsError, match="^no records under "):
+        load.load_records(str(tmp_path))
+    a = report.analyze(str(tmp_path), "strong_scaling")
+    assert a.empty and a.message.startswith("no records of study 'strong_scaling' under")
+    g = guidelines.from_out_dir(str(tmp_path))
+    assert g.sentences[0].startswith("no records under")
+
+
+def test_newest_code_version_by_default_and_all_as_separate_groups(tmp_path):
+    old = strong_records({1: 2.0, 2: 1.0}, code_version="old", git_sha="1111111",
+                         finished_at="2026-01-01T00:00:00+00:00")
+    new = strong_records({1: 20.0, 2: 16.0}, code_version="new", git_sha="2222222-dirty",
+                         finished_at="2026-02-01T00:00:00+00:00")
+    write_records(tmp_path, old + new)
+    sel = load.read(str(tmp_path)).select()
+    df = sel.data
+    assert set(df["code_version"]) == {"new"}
+    assert sel.left_out == [{"study": "strong_scaling", "code_version": "old", "git_sha": "1111111",
+                             "n_records": 6}]
+    assert "6 strong_scaling record(s) of code_version old (git 1111111)" in sel.code_note
+    t = strong_scaling.table(df)
+    assert t.data["step_time_s"].iloc[0] == pytest.approx(20.2)  # the median of the new code's runs only
+    both = strong_scaling.table(load.load_records(str(tmp_path), code="all"))
+    assert "code_version" in both.groups and len(both) == 4
+    assert load.load_records(str(tmp_path), code="old")["step_time_s"].max() < 3
+    g = guidelines.from_out_dir(str(tmp_path))
+    assert g.sentences[-1].startswith("Left out records of other code")
+
+
+def test_schema_1_records_are_code_version_unknown(tmp_path):
+    v1 = [{k: v for k, v in r.items() if k not in ("code_version",)} | {"schema_version": 1}
+          for r in strong_records({1: 2.0}, finished_at="2025-01-01T00:00:00+00:00")]
+    write_records(tmp_path, v1 + strong_records({1: 3.0}))
+    df = load.load_records(str(tmp_path), code="all")
+    assert sorted(set(df["code_version"])) == ["c0", "unknown"]
+    assert set(load.load_records(str(tmp_path))["code_version"]) == {"c0"}
+
+
+# -- NaN never passes a threshold ----------------------------------------------------------------
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0, None, "fast"])
+def test_meets_refuses_nan_zero_negative_and_non_numbers(bad):
+    assert not stats.meets(bad, 0.8)
+    assert stats.meets(0.8, 0.8) and not stats.meets(0.79, 0.8)
+
+
+def test_time_to_accuracy_and_compounding_name_candidates_within_the_margin_together():
+    """A single run cannot tell apart times within 10%: the guideline names them together, so a rerun that swaps
+    their order gives the same decision; a clear winner is still named alone."""
+    t = pd.Series([4.19, 4.44, 7.05])
+    assert stats.within_margin(t).tolist() == [True, True, False]
+    assert stats.within_margin(pd.Series([4.44, 4.19, 7.05])).tolist() == [True, True, False]
+    assert stats.within_margin(pd.Series([5.0, 6.4])).tolist() == [True, False]
+
+
+def test_a_training_rank_imports_no_analysis_code():
+    """kanlib.train (what every rank imports) pulls in neither pandas nor the analysis half (kanlib.analysis,
+    kanlib.studies)."""
+    code = ("import sys, kanlib.train; print(sorted(m for m in ('pandas', 'kanlib.analysis', 'kanlib.studies', "
+            "'plotly') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_analysis_imports_no_torch():
+    """The report, the guidelines and every study module need no torch (a report builds on a machine without it)."""
+    code = ("import sys, kanlib.report, kanlib.guidelines, kanlib.studies, kanlib.analysis.explorer; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_analysis_code_leaves_run_keys_alone_and_runtime_code_changes_them(tmp_path):
+    """code_version hashes the runtime sources: an edit of an analysis module or package (kanlib.analysis,
+    kanlib.studies, report, guidelines) keeps every run key; an edit of a runtime module changes them."""
+    import shutil
+
+    from kanlib import config
+
+    pkg = tmp_path / "kanlib"
+    shutil.copytree(os.path.dirname(config.__file__), pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    before = config.runtime_sources(str(pkg))
+    assert "train.py" in before and "errors.py" in before
+    assert not [p for p in before if p.split(os.sep)[0] in ("analysis", "studies", "report.py", "guidelines.py")]
+    (pkg / "analysis" / "new_helper.py").write_text("x = 1\n")
+    assert config.runtime_sources(str(pkg)) == before
+    (pkg / "worker_extra").mkdir()
+    (pkg / "worker_extra" / "part.py").write_text("x = 1\n")  # a runtime subpackage counts
+    assert os.path.join("worker_extra", "part.py") in config.runtime_sources(str(pkg))

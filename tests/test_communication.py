@@ -1,0 +1,91 @@
+"""Communication: exposed communication by the no-op-hook method, nothing pooled, and the guidelines on
+placements and bucket sizes (never ranking what the intervals cannot tell apart)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from synthetic import comm_records, opt_recs, options_records, write_records
+
+from kanlib import guidelines
+from kanlib.analysis import load, stats
+from kanlib.studies import communication
+
+
+def test_communication_table_exposed_never_exceeds_total(tmp_path):
+    recs = comm_records()
+    # noise: the no-op run slower than the all-reduce run -> exposed clipped to 0
+    recs += comm_records("1x4", {1.0: (0.010, 0.011, 0.003)})
+    write_records(tmp_path, recs)
+    t = communication.table(load.load_records(str(tmp_path))).data.set_index(["world_size", "bucket_cap_mb"])
+    assert t.loc[(2, 1.0), "exposed_s"] == pytest.approx(0.002 * 1.005, rel=1e-6)
+    assert t.loc[(2, 1.0), "overhead_fraction"] == pytest.approx(0.002 / 0.012, rel=1e-2)
+    assert t.loc[(2, 1.0), "overhead_lo"] <= t.loc[(2, 1.0), "overhead_fraction"] <= t.loc[(2, 1.0), "overhead_hi"]
+    assert t.loc[(4, 1.0), "exposed_s"] == 0 and bool(t.loc[(4, 1.0), "exposed_clipped"])
+    assert (t["exposed_s"] <= t["comm_total_s"]).all()
+
+
+def test_communication_table_separates_grid_size_kan_impl_and_placement(tmp_path):
+    recs = (comm_records("1x2") + comm_records("2x1", {1.0: (0.020, 0.010, 0.012), 25.0: (0.018, 0.010, 0.01)})
+            + comm_records("1x2", grid_size=10) + comm_records("1x2", kan_impl="reference"))
+    write_records(tmp_path, recs)
+    tab = communication.table(load.load_records(str(tmp_path)))
+    t = tab.data
+    assert {"grid_size", "kan_impl"} <= set(tab.groups)
+    # 1x2 in three configs and 2x1 in one, two bucket sizes each
+    assert len(t) == 8
+    at2 = t[(t["grid_size"] == 5) & (t["kan_impl"] == "fast") & (t["bucket_cap_mb"] == 1.0)].set_index("placement")
+    assert at2.loc["2x1", "exposed_s"] > at2.loc["1x2", "exposed_s"]
+    assert "several sweeps" in tab.note and "grid_size" in tab.note
+
+
+def test_guideline_without_two_placements_says_why(tmp_path):
+    write_records(tmp_path, comm_records("1x2"))
+    g = guidelines.from_out_dir(str(tmp_path))
+    assert any("measured at one placement only (1x2), so placements cannot be compared" in s for s in g.sentences)
+    assert not any(q.startswith("N=") for q in g.table["question"])
+
+
+def test_design_of_new_studies_keeps_axes_out_of_groups(tmp_path):
+    write_records(tmp_path, options_records())
+    d = communication.design(load.load_records(str(tmp_path)))
+    # the options vary in one sweep of the study: no "several sweeps" note
+    assert d.several_sweeps == [] and {"grad_accum_steps", "powersgd_rank"} <= set(d.groups)
+    assert np.isfinite(communication.table(load.load_records(str(tmp_path))).data["exposed_s"]).all()
+
+
+def test_placements_whose_intervals_overlap_are_not_ranked(tmp_path):
+    """1x2 and 2x1 exposing the same communication within noise: the guideline says so instead of naming a
+    winner that the next run could reverse; a clear difference is still ranked."""
+    recs = opt_recs("1x2", t=(0.0120, 0.010, 0.004), repeats=3) + opt_recs("2x1", t=(0.0121, 0.010, 0.004), repeats=3)
+    write_records(tmp_path / "tie", recs)
+    g = guidelines.from_out_dir(str(tmp_path / "tie"))
+    [ans] = g.table[g.table["question"] == "N=2: placement exposing the least communication"]["answer"]
+    assert ans.startswith("no measurable difference between 1x2, 2x1")
+    recs = opt_recs("1x2", t=(0.0120, 0.010, 0.004), repeats=3) + opt_recs("2x1", t=(0.0200, 0.010, 0.012), repeats=3)
+    write_records(tmp_path / "clear", recs)
+    g = guidelines.from_out_dir(str(tmp_path / "clear"))
+    [ans] = g.table[g.table["question"] == "N=2: placement exposing the least communication"]["answer"]
+    assert ans.startswith("1x2: 2.02 ms exposed")
+
+
+def test_bucket_sizes_whose_intervals_overlap_are_not_ranked():
+    comm = pd.DataFrame({"placement": "2x1", "world_size": 2, "bucket_cap_mb": [0.05, 25.0], "nccl_algo": "",
+                         "exposed_s": [0.00196, 0.00276], "overhead_fraction": [0.23, 0.30],
+                         "overhead_lo": [0.05, 0.29], "overhead_hi": [0.37, 0.32]})
+    assert communication.best_bucket(comm, "2x1")["tied_caps_mb"] == [25.0]
+    comm["overhead_lo"], comm["overhead_hi"] = [0.05, 0.40], [0.20, 0.45]  # apart: 0.05 MiB is the answer
+    bb = communication.best_bucket(comm, "2x1")
+    assert bb["bucket_cap_mb"] == 0.05 and bb["tied_caps_mb"] == []
+
+
+def test_overhead_intervals_only_just_apart_are_not_ranked():
+    """Two runs per point make an interval about the range of the runs: '14% [13%, 15%]' against '16% [15.5%,
+    18%]' do not touch, yet the next study run drew them overlapping. Only a gap of more than 10% of the
+    better one's upper end ranks them (the rule of every other guideline)."""
+    a = {"overhead_lo": 0.13, "overhead_hi": 0.15}
+    assert stats.intervals_overlap(a, {"overhead_lo": 0.155, "overhead_hi": 0.18})
+    assert stats.intervals_overlap(a, {"overhead_lo": 0.165, "overhead_hi": 0.18})  # 0.15 * 1.1 = 0.165
+    assert not stats.intervals_overlap(a, {"overhead_lo": 0.17, "overhead_hi": 0.18})
+    assert not stats.intervals_overlap({"overhead_lo": 0.17, "overhead_hi": 0.18}, a)  # symmetric
+    assert stats.intervals_overlap(a, {"overhead_lo": np.nan, "overhead_hi": 0.18}) is None

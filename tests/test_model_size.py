@@ -1,0 +1,62 @@
+"""Model-size scaling: KAN beside a matched MLP per size, FSDP against DDP, and the guidelines on where memory
+limits and where sharding pays."""
+
+import pandas as pd
+import pytest
+
+from synthetic import fsdp_records, traces_of, write_records
+
+from kanlib import guidelines, report
+from kanlib.analysis import load, style
+from kanlib.studies import model_size
+
+
+def test_fsdp_table_and_the_size_where_it_pays(tmp_path):
+    write_records(tmp_path, fsdp_records())
+    size = model_size.table(load.load_records(str(tmp_path)))
+    f = model_size.fsdp_table(size)
+    assert f["n_params"].tolist() == [10_000, 100_000, 1_000_000, 10_000_000]
+    assert f["mem_ratio"].iloc[-1] == pytest.approx((1e8 + 8e7) / (1e8 + 1.6e8))
+    assert f["step_ratio"].tolist() == pytest.approx([1.3] * 4)
+    assert f["state_fsdp_bytes"].tolist() == pytest.approx((f["state_ddp_bytes"] / 2).tolist())
+    # 8 B/param saved beats 5% of DDP's peak from ~700k parameters on: 1e6 and 1e7 pay
+    assert f["pays"].tolist() == [False, False, True, True]
+    assert model_size.fsdp_pays_from(f, "kan") == 1_000_000
+    g = guidelines.from_out_dir(str(tmp_path))
+    row = g.table[g.table["question"] == "model size from which FSDP lowers peak memory per process"].iloc[0]
+    assert row["value"] == 1_000_000 and row["answer"].startswith("from 1,000,000 parameters: peak memory per process 0.")
+
+
+def test_fsdp_that_never_pays_is_said_with_numbers(tmp_path):
+    write_records(tmp_path, fsdp_records(fsdp_bytes_per_param=16.0))
+    size = model_size.table(load.load_records(str(tmp_path)))
+    f = model_size.fsdp_table(size)
+    assert not f["pays"].any() and model_size.fsdp_pays_from(f, "kan") is None
+    g = guidelines.from_out_dir(str(tmp_path))
+    s = [x for x in g.sentences if "FSDP" in x]
+    assert s and s[0].startswith("kan, 1x2: the data show no size where FSDP pays: no measured size: at the largest "
+                                 "(10,000,000 parameters) FSDP's peak memory per process is 1.00x DDP's and its step "
+                                 "1.30x")
+    assert model_size.fsdp_table(size.with_data(size.data.iloc[:0])).empty
+
+
+def test_a_memory_fit_that_does_not_grow_is_not_extrapolated():
+    """A CPU process's resident set, which the framework dominates at small sizes, moves by noise: its fit
+    would put the memory limit anywhere (a run here fitted -484 bytes per parameter)."""
+    size = pd.DataFrame({"model": "kan", "n_params": [880, 10_000, 42_880],
+                         "peak_mem_bytes": [5.02e8, 5.00e8, 5.01e8], "step_time_s": [0.002, 0.004, 0.009]})
+    with pytest.raises(ValueError, match=r"peak memory of kan did not grow measurably \(by 5%\)"):
+        model_size.memory_or_time_limit(size, 80 * 2**30, 1.0)
+    size["peak_mem_bytes"] = [1e8, 2e8, 5e8]  # grows: the limit is extrapolated
+    assert model_size.memory_or_time_limit(size, 80 * 2**30, 1.0)["limit"] in ("memory", "time")
+
+
+def test_model_size_figure_colours_match_in_all_four_panels(study_dir):
+    fig = report.analyze(str(study_dir), "model_size").figures["memory_time"]
+    by_panel = {}
+    for t in traces_of(fig):
+        by_panel.setdefault(t.xaxis, {})[t.legendgroup] = t.line.color
+    assert len(by_panel) == 4
+    assert all(p == {"kan": style.MODEL_COLORS["kan"], "mlp": style.MODEL_COLORS["mlp"]} for p in by_panel.values())
+    widths = {t.legendgroup: t.line.width for t in traces_of(fig)}
+    assert widths["kan"] > widths["mlp"]  # coinciding lines both stay visible
