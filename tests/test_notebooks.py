@@ -272,8 +272,10 @@ def test_make_study_writes_to_an_absolute_out_even_with_spaces(tmp_path):
     run = subprocess.run(["make", "-C", notebook.REPO, "study", f"VENV={venv}", f"STAMP={stamp}",
                           f"PAPERMILL={sys.executable} {fake}", f"OUT={out}", "PARAMS_SET=gpu_cluster",
                           "NOTEBOOKS=01_strong_scaling 05_guidelines", "ANALYSES="],
-                         capture_output=True, text=True, timeout=300)
+                         # inside an allocation (as after salloc) a SLURM parameter set runs here, no batch job
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "SLURM_JOB_ID": "4242"})
     assert run.returncode == 0, run.stdout + run.stderr
+    assert "pre-flight" in run.stdout and (out / "preflight").is_dir()
     import json
 
     args = json.load(open(out / "notebooks" / "01_strong_scaling.ipynb.args.json"))
