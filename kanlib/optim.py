@@ -320,3 +320,75 @@ def _strong_wolfe(obj_func, x, t, d, f, g, gtd, ops: _Ops, c1=1e-4, c2=0.9, tole
             bracket_gtd[low_pos] = gtd_new
     return bracket_f[low_pos], bracket_g[low_pos], bracket[low_pos], ls_func_evals
 
+
+# -- what the trainer calls ------------------------------------------------------------------------------
+def make_lbfgs(model: torch.nn.Module, cfg) -> LBFGS:
+    """The L-BFGS of ``cfg`` over ``model``'s parameters (after any FSDP sharding: sharded parameters make it
+    reduce its scalars over the ranks)."""
+    params = list(model.parameters())
+    sharded = any(hasattr(p, "to_local") for p in params)
+    return LBFGS(params, lr=cfg.lr, max_iter=cfg.lbfgs_max_iter, history_size=cfg.lbfgs_history,
+                 all_reduce=_all_reduce if sharded else None)
+
+
+def state_tensors(cfg) -> int:
+    """Parameter-sized tensors L-BFGS keeps (memory accounting): two per curvature pair, the direction and the
+    previous gradient."""
+    return 2 * cfg.lbfgs_history + 2
+
+
+def _all_reduce(t: torch.Tensor, op: str) -> torch.Tensor:
+    import torch.distributed as dist
+
+    out = t.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return out
+
+
+def global_loss(loss: torch.Tensor, info) -> float:
+    """This rank's loss averaged over the ranks (one small all-reduce): the loss of the global batch when the
+    ranks hold equal shards, and the same number on every rank, as L-BFGS's line search needs."""
+    if not info.distributed:
+        return float(loss)
+    from kanlib import distributed
+
+    return float(distributed.all_reduce(loss.detach().float().reshape(1), info, "sum")) / info.world_size
+
+
+def lbfgs_step(optimizer: LBFGS, forward_backward, loss: torch.Tensor, info, clock) -> None:
+    """One L-BFGS step from the step's first evaluation (``loss``, gradients in ``.grad``). ``forward_backward()``
+    re-evaluates the step's batch (forward and backward, timed by ``clock`` as those phases); the time between
+    evaluations (the line search's arithmetic, the loss all-reduce) counts as the optimizer phase."""
+    def closure() -> float:
+        clock.mark("optimizer")
+        return global_loss(forward_backward(), info)
+
+    optimizer.step(closure, loss=global_loss(loss, info))
+
+
+def gather_state(optimizer: LBFGS, info) -> dict:
+    """Under FSDP: every rank's L-BFGS state (its shards of the history) for a checkpoint, in rank order
+    (collective). Loaded back by :func:`load_state` on the same world size."""
+    import torch.distributed as dist
+
+    ranks = [None] * info.world_size
+    dist.all_gather_object(ranks, optimizer.state_dict())
+    return {"lbfgs_ranks": ranks}
+
+
+def load_state(optimizer: LBFGS, state: dict, info) -> None:
+    """Restore this rank's part of what :func:`gather_state` saved."""
+    optimizer.load_state_dict(state["lbfgs_ranks"][info.rank])
+
+
+def record_fields(evals: list[int], first: int, model: torch.nn.Module) -> dict:
+    """The record's cost and grid fields (kanlib.records.RunRecord): the median over the measured steps
+    (``evals[first:]``) of the loss-and-gradient evaluations per step, their total over this attempt's steps,
+    and the grid size at the end."""
+    import statistics
+
+    from kanlib.model import grid_size_of
+
+    measured = evals[first:]
+    return {"evals_per_step": float(statistics.median(measured)) if measured else float("nan"),
+            "n_evals": int(sum(evals)), "final_grid_size": grid_size_of(model)}

@@ -206,6 +206,76 @@ def test_a_state_of_another_grid_size_loads():
     assert [layer.grid_size for layer in coarse.layers] == [10, 10]
 
 
+def test_grid_schedule():
+    from kanlib.config import RunConfig
+    from kanlib.grids import grid_size_at, stage_starts, update_due
+
+    even = RunConfig(steps=150, grid_extension=(10, 20), grid_update_every=5, grid_update_until=30)
+    assert stage_starts(even) == [0, 50, 100]
+    assert [grid_size_at(even, s) for s in (0, 49, 50, 99, 100, 149)] == [5, 5, 10, 10, 20, 20]
+    updates = [s for s in range(150) if update_due(even, s)]
+    # every 5 steps of each stage's first 30, never at a stage's first step (module docstring of kanlib.grids)
+    assert updates == [5, 10, 15, 20, 25, 55, 60, 65, 70, 75, 105, 110, 115, 120, 125]
+    explicit = RunConfig(steps=40, grid_extension=(10,), grid_extension_steps=(12,), grid_update_every=4)
+    assert stage_starts(explicit) == [0, 12]
+    assert [s for s in range(40) if update_due(explicit, s)] == [4, 8, 16, 20, 24, 28, 32, 36]
+    plain = RunConfig(steps=16, grid_update_every=5)  # the trainer's schedule before grid stages: unchanged
+    assert [s for s in range(16) if update_due(plain, s)] == [5, 10, 15]
+    assert not any(update_due(RunConfig(steps=16), s) for s in range(16))
+
+
+def _lbfgs_fit(seed: int, update_steps, steps: int = 20, n: int = 500):
+    """Test RMSE of [2, 5, 1] on exp_sin after ``steps`` full-batch L-BFGS steps with grid updates before the
+    given steps, and the fraction of hidden activations outside the output layer's knots after the first step."""
+    import math
+
+    from kanlib.optim import LBFGS
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(2 * n, 2, generator=g, dtype=torch.float64) * 2 - 1
+    y = torch.exp(torch.sin(math.pi * x[:, 0]) + x[:, 1] ** 2).unsqueeze(1)
+    xt, yt, xv, yv = x[:n], y[:n], x[n:], y[n:]
+    torch.manual_seed(seed)
+    model = KAN([2, 5, 1], impl="reference").double()
+    opt = LBFGS(model.parameters())
+
+    def closure():
+        loss = torch.nn.functional.mse_loss(model(xt), yt)
+        loss.backward()
+        return loss.detach()
+
+    outside = None
+    for s in range(steps):
+        if s in update_steps:
+            model.update_grid(xt)
+        opt.step(closure)
+        if s == 0:
+            with torch.no_grad():
+                h, grid = model.layers[0](xt), model.layers[1].grid
+                outside = ((h < grid[:, 3]) | (h > grid[:, -4])).double().mean().item()
+    with torch.no_grad():
+        return math.sqrt(torch.nn.functional.mse_loss(model(xv), yv).item()), outside
+
+
+def test_a_grid_update_before_the_first_step_is_what_hurt_lbfgs():
+    """Issue 26: updates every 5 steps *from step 0* (pykan's schedule) made L-BFGS fits worse than none. The
+    step-0 refit fits the output layer's knots to the initial hidden activations; the first L-BFGS step spreads
+    them several times wider, leaving about half outside the knots (zero spline), and the fit never recovers.
+    kanlib's schedule (kanlib.grids.update_due: never at step 0) fits as well as no update."""
+    from kanlib.config import RunConfig
+    from kanlib.grids import update_due
+
+    schedule = [s for s in range(20) if update_due(RunConfig(steps=20, grid_update_every=5), s)]
+    assert schedule == [5, 10, 15]
+    for seed in (0, 1):
+        none, out_none = _lbfgs_fit(seed, ())
+        at_zero, out_zero = _lbfgs_fit(seed, range(0, 20, 5))
+        ours, out_ours = _lbfgs_fit(seed, schedule)
+        assert out_zero > 0.3 and out_none < 0.2 and out_ours == out_none, (out_zero, out_none, out_ours)
+        assert at_zero > 2.5 * none, (seed, at_zero, none)
+        assert ours < 1.5 * none, (seed, ours, none)
+
+
 REFINE_WORKER = textwrap.dedent("""
     import sys
     import torch

@@ -1,5 +1,5 @@
 """kanlib.optim.LBFGS: pykan's L-BFGS (torch's algorithm, pykan's settings), its first evaluation taken from the
-caller, and its reductions over shards."""
+caller, its reductions over shards, and the config fields that choose it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from kanlib.config import ConfigError, RunConfig
 from kanlib.model import KAN
 from kanlib.optim import PYKAN_DEFAULTS, LBFGS, _Ops
 
@@ -126,3 +127,25 @@ def test_lbfgs_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
     for p, q in zip(model.parameters(), twin.parameters()):
         assert torch.equal(p, q)
 
+
+def test_config_fields_of_the_recipe():
+    with pytest.raises(ConfigError, match="^comm_hook: optimizer='lbfgs' needs"):
+        RunConfig(optimizer="lbfgs", comm_hook="noop", nproc_per_node=2)
+    with pytest.raises(ConfigError, match="^comm_hook: optimizer='lbfgs' needs"):
+        RunConfig(optimizer="lbfgs", comm_hook="powersgd", nproc_per_node=2)
+    RunConfig(comm_hook="noop", nproc_per_node=2, optimizer="adam")  # Adam's noop twin stays possible
+    with pytest.raises(ConfigError, match="^lbfgs_max_iter: must be positive"):
+        RunConfig(lbfgs_max_iter=0)
+    with pytest.raises(ConfigError, match="^grid_extension: each size must be finer"):
+        RunConfig(grid_extension=(10, 8))
+    with pytest.raises(ConfigError, match="^grid_extension: each size must be finer"):
+        RunConfig(grid_size=5, grid_extension=(5,))
+    with pytest.raises(ConfigError, match="^grid_extension: grid extension refines B-spline grids"):
+        RunConfig(model="mlp", grid_extension=(10,))
+    with pytest.raises(ConfigError, match="^grid_extension_steps: one start step per grid_extension size"):
+        RunConfig(grid_extension=(10, 20), grid_extension_steps=(10,))
+    with pytest.raises(ConfigError, match=r"^grid_extension_steps: need 0 < s1 < s2 < ... < steps=30"):
+        RunConfig(grid_extension=(10, 20), grid_extension_steps=(10, 30))
+    with pytest.raises(ConfigError, match="^steps: 2 steps cannot be split between 3 grid sizes"):
+        RunConfig(grid_extension=(10, 20), steps=2, warmup_steps=0)
+    assert RunConfig.from_cli(["--grid_extension=10,20", "--grid_extension_steps=10,20"]).grid_extension == (10, 20)
