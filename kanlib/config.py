@@ -218,19 +218,20 @@ class RunConfig(Config):
     """task=file: a CSV file with a header row (numeric columns) or an .npz file with arrays x and y."""
     target: str = ""
     """task=file, CSV: the target column (default: the last column); every other column is a feature."""
-    n_train: int = 16384
+    n_train: int = 1024
     """Training samples: generated from ``seed`` (synthetic tasks), or at most this many rows (data sets)."""
     n_val: int = 2048
     """Held-out validation samples (bundled data sets and files: rows of the set; must leave training rows)."""
-    global_batch: int = 256
-    """Samples per optimizer step summed over all processes; split evenly across ranks."""
+    global_batch: int = 1024
+    """Samples per optimizer step summed over all processes; split evenly across ranks. The default is the whole
+    default training set: L-BFGS takes full-batch steps (pykan's recipe)."""
     steps: int = 30
     """Optimizer steps in total, warm-up included."""
     warmup_steps: int = 5
     """Leading steps excluded from timing (compilation, DDP's bucket rebuild in the first iteration)."""
-    lr: float = 1e-3
+    lr: float = 1.0
     """Learning rate (before ``lr_rule`` and ``lr_warmup_steps``); for lbfgs the first trial step of each line
-    search (pykan: 1.0)."""
+    search (1.0, pykan's), for adam and sgd the step size (set it: 1e-3 to 1e-2)."""
     lr_rule: LrRule = "none"
     """Learning-rate scaling with the global batch: none, linear (lr * B / lr_base_batch) or sqrt
     (lr * sqrt(B / lr_base_batch))."""
@@ -238,10 +239,10 @@ class RunConfig(Config):
     """The global batch ``lr`` is tuned for (needed by lr_rule linear or sqrt)."""
     lr_warmup_steps: int = 0
     """Steps of linear learning-rate warm-up from lr/steps to the scaled lr (0 = none)."""
-    optimizer: Optimizer = "adam"
-    """Optimizer: adam, sgd, or lbfgs (pykan's L-BFGS, kanlib.optim: strong Wolfe line search, history
-    ``lbfgs_history``, ``lbfgs_max_iter`` iterations per step; ``lr`` is its first trial step, 1.0 in pykan;
-    every rank takes the same step)."""
+    optimizer: Optimizer = "lbfgs"
+    """Optimizer: lbfgs (pykan's L-BFGS, kanlib.optim: strong Wolfe line search, history ``lbfgs_history``,
+    ``lbfgs_max_iter`` iterations per step; ``lr`` is its first trial step, 1.0 as in pykan; every rank takes
+    the same step), adam or sgd (which want an ``lr`` near 1e-3 to 1e-2)."""
     lbfgs_max_iter: int = 20
     """optimizer=lbfgs: iterations per optimizer step (pykan: 20). A step evaluates the loss and gradients of its
     global batch (one forward and backward) at most ``lbfgs_max_iter * 5 // 4`` times; the record says how often."""
@@ -382,17 +383,19 @@ class RunConfig(Config):
         if self.grid_extension and self.model != "kan":
             raise ConfigError(f"grid_extension: grid extension refines B-spline grids, but model={self.model!r}")
         if any(b <= a for a, b in zip(sizes, sizes[1:])):
-            raise ConfigError(f"grid_extension: each size must be finer than the one before (grid_size={self.grid_size} "
-                              f"first), got {list(self.grid_extension)}")
+            raise ConfigError(f"grid_extension: each size must be finer than the one before "
+                              f"(grid_size={self.grid_size} first), got {list(self.grid_extension)}")
         if self.grid_extension_steps:
             starts = self.grid_extension_steps
             if len(starts) != len(self.grid_extension):
                 raise ConfigError(f"grid_extension_steps: one start step per grid_extension size "
                                   f"({len(self.grid_extension)}), got {list(starts)}")
             if any(b <= a for a, b in zip((0, *starts), (*starts, self.steps))):
-                raise ConfigError(f"grid_extension_steps: need 0 < s1 < s2 < ... < steps={self.steps}, got {list(starts)}")
+                raise ConfigError(f"grid_extension_steps: need 0 < s1 < s2 < ... < steps={self.steps}, "
+                                  f"got {list(starts)}")
         elif self.steps < len(sizes):
-            raise ConfigError(f"steps: {self.steps} steps cannot be split between {len(sizes)} grid sizes {list(sizes)}")
+            raise ConfigError(f"steps: {self.steps} steps cannot be split between {len(sizes)} grid sizes "
+                              f"{list(sizes)}")
 
     def _validate_comm(self) -> None:
         for name, allowed in (("nccl_algo", NCCL_ALGOS), ("nccl_proto", NCCL_PROTOS)):

@@ -44,6 +44,7 @@ global_batch: int = 128  # strong mode: samples per step summed over all process
 steps: int = 300  # the most optimizer steps a run may take, warm-up included
 warmup_steps: int = 5  # steps excluded from the step-time median
 lr: float = 0.01  # learning rate (before lr_rule)
+optimizer: str = "adam"  # adam | sgd | lbfgs (L-BFGS as pykan: full batch, global_batch equal to n_train)
 repeats: int = 1  # separate runs per point
 n_train: int = 16384  # training samples generated from the seed (task file: at most this many rows)
 n_val: int = 360  # held-out validation samples (digits: below 1797, diabetes: below 442)

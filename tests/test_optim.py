@@ -129,10 +129,13 @@ def test_lbfgs_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
 
 
 def test_config_fields_of_the_recipe():
+    cfg = RunConfig(task="exp_sin", widths=(2, 5, 1))
+    assert (cfg.optimizer, cfg.lr, cfg.lbfgs_max_iter, cfg.lbfgs_history) == ("lbfgs", 1.0, 20, 10)
+    assert cfg.global_batch == cfg.n_train  # full batch, as pykan's fit
     with pytest.raises(ConfigError, match="^comm_hook: optimizer='lbfgs' needs"):
-        RunConfig(optimizer="lbfgs", comm_hook="noop", nproc_per_node=2)
+        RunConfig(comm_hook="noop", nproc_per_node=2)
     with pytest.raises(ConfigError, match="^comm_hook: optimizer='lbfgs' needs"):
-        RunConfig(optimizer="lbfgs", comm_hook="powersgd", nproc_per_node=2)
+        RunConfig(comm_hook="powersgd", nproc_per_node=2)
     RunConfig(comm_hook="noop", nproc_per_node=2, optimizer="adam")  # Adam's noop twin stays possible
     with pytest.raises(ConfigError, match="^lbfgs_max_iter: must be positive"):
         RunConfig(lbfgs_max_iter=0)

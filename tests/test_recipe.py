@@ -1,10 +1,14 @@
 """pykan's recipe through the trainer on real gloo processes: L-BFGS under DDP and FSDP (one and two processes
-take the same steps), grid extension mid-run (new buckets and shards, the ranks equal), and checkpoints that
-resume across a grid switch."""
+take the same steps), grid extension mid-run (new buckets and shards, the ranks equal), checkpoints that resume
+across a grid switch, and the defaults that train."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -14,6 +18,8 @@ from runhelp import final_params, max_abs_diff
 from runners.launch import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_process_left")]
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cfg(out_dir, **kw) -> RunConfig:
@@ -74,3 +80,15 @@ def test_resume_across_a_grid_switch(tmp_path, monkeypatch, kill_at, resumed_fro
     assert rec["resumed_from_step"] == resumed_from and rec["attempt"] == 1 and rec["final_grid_size"] == 10
     assert max_abs_diff(final_params(cfg), final_params(reference)) <= 1e-6
 
+
+def test_the_defaults_train_exp_sin(tmp_path):
+    """`python -m kanlib.train --task=exp_sin --widths=2,5,1` and nothing else: test RMSE <= 1e-2."""
+    out = subprocess.run([sys.executable, "-m", "kanlib.train", "--task=exp_sin", "--widths=2,5,1",
+                          f"--out_dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 0, out.stdout + out.stderr
+    path = out.stdout.strip().splitlines()[-1].split("record=")[1]
+    with open(path) as f:
+        rec = json.load(f)
+    assert rec["optimizer"] == "lbfgs" and rec["global_batch"] == rec["n_train"]
+    assert math.sqrt(rec["final_val_loss"]) <= 1e-2, rec["final_val_loss"]
