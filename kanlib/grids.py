@@ -54,8 +54,8 @@ def update_due(cfg, step: int) -> bool:
     Not at ``r = 0``. At the run's first step the hidden layers' inputs are those of the initialisation:
     on exp_sin with [2, 5, 1] they span about 0.4, and a few times that after the first L-BFGS step. A
     refit there (pykan's schedule updates at its step 0) fits the second layer's knots to that narrow
-    range; the inputs then leave it, where the splines are zero, and the fit ends 1.4-6x worse than with
-    no update at all (3 seeds, docs/measurement.md). At the start of a later stage the grid has just been
+    range; the inputs then leave it, where the splines are zero, and the fit ends up to 10x worse than
+    with no update at all (docs/measurement.md). At the start of a later stage the grid has just been
     refined onto the trained model's inputs, so a refit there would only move knots of an unchanged
     function.
     """

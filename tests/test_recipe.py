@@ -68,13 +68,15 @@ def test_grid_extension_mid_run_on_two_processes(tmp_path, parallelism):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_at,resumed_from", [(5, 4), (7, 6)], ids=["checkpoint-before-switch",
-                                                                        "checkpoint-after-switch"])
-def test_resume_across_a_grid_switch(tmp_path, monkeypatch, kill_at, resumed_from):
+@pytest.mark.parametrize("parallelism,kill_at,resumed_from", [("ddp", 5, 4), ("ddp", 7, 6), ("fsdp", 7, 6)],
+                         ids=["checkpoint-before-switch", "checkpoint-after-switch", "fsdp-checkpoint-after-switch"])
+def test_resume_across_a_grid_switch(tmp_path, monkeypatch, parallelism, kill_at, resumed_from):
     """A rank killed after the switch to grid 10 (step 4): resumed from a checkpoint written before it (step
     4, grid 5: the resumed run refines at step 4 on the same batch) or after it (step 6, grid 10: the model is
-    built at grid 5 and takes the finer state), the run ends where an uninterrupted one does."""
-    kw = dict(nproc_per_node=2, steps=8, grid_extension=(10,), checkpoint_every=2, grid_update_every=3)
+    built at grid 5 and takes the finer state; L-BFGS its history, under FSDP each rank its shards of it), the
+    run ends where an uninterrupted one does."""
+    kw = dict(nproc_per_node=2, steps=8, grid_extension=(10,), checkpoint_every=2, grid_update_every=3,
+              parallelism=parallelism)
     reference = _cfg(tmp_path / "ref", **kw)
     run(reference, echo=False, timeout_s=300)
     monkeypatch.setenv("KANLIB_FAULT", f"kill@1:{kill_at}")
