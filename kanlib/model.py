@@ -1,7 +1,8 @@
 """KAN layers and models, and the MLP baseline. Pure ``nn.Module``, no I/O.
 
-The one exception to "no torch.distributed" is :func:`update_grid_distributed` (at the end),
-which imports it lazily: a grid update must see every rank's data to leave the ranks identical.
+The one exception to "no torch.distributed" is :func:`update_grid_distributed` and
+:func:`refine_distributed` (grid extension) at the end, which import it lazily: a grid update or
+refinement must see every rank's data to leave the ranks identical.
 
 Layers (each takes ``(..., in)`` and returns ``(..., out)``; :class:`_Layer` checks and flattens once):
 :class:`KANLinear` (exact B-spline; ``impl`` "compiled", "fast" or "reference"), :class:`RBFKANLinear`
