@@ -103,3 +103,11 @@ bench: $(STAMP)
 	$(PY) -m pip install -q --no-deps pykan==0.2.8 flashkan==0.2.0 inkan==0.5.2
 	$(PY) -m pip install -q scikit-learn matplotlib pyyaml  # what pykan imports (torch untouched)
 	$(PY) -m benchmarks.kan_layer $(BENCH_ARGS)
+
+# Accuracy against pykan (benchmarks/pykan_accuracy.py): pykan 0.2.8's recipe and kanlib's on the same data, 3 seeds,
+# 1 and 2 processes; installs pykan with --no-deps beside the pinned torch; BENCH_ARGS=--quick for a smoke run.
+.PHONY: bench-pykan
+bench-pykan: $(STAMP)
+	$(PY) -m pip install -q --no-deps pykan==0.2.8
+	$(PY) -m pip install -q scikit-learn matplotlib pyyaml  # what pykan imports (torch untouched)
+	$(PY) -m benchmarks.pykan_accuracy $(BENCH_ARGS)

@@ -80,7 +80,8 @@ def training(out: str) -> dict:
 
     done = {}
     cfgs = [RunConfig(study="gpu_check", widths=w, task="highdim", global_batch=8192, n_train=65536, steps=60,
-                      warmup_steps=15, device="cuda", backend="nccl", kan_impl="compiled", out_dir=out)
+                      warmup_steps=15, device="cuda", backend="nccl", kan_impl="compiled", optimizer="adam", lr=1e-3,
+                      out_dir=out)
             for w in SIZES]
     cfgs.append(cfgs[1].replace(precision="bf16"))
     cfgs.append(cfgs[1].replace(model="mlp", widths=(64, 768, 768, 1)))

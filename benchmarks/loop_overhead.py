@@ -99,7 +99,8 @@ def measure(sizes: dict, pairs: int, nproc: int, kan_impl: str) -> list[dict]:
             bare, kan, recs = [], [], []
             for i in range(pairs):
                 cfg = RunConfig(study="loop_overhead", nproc_per_node=nproc, device="cpu", backend="gloo",
-                                kan_impl=kan_impl, repeat=i, out_dir=out, **over)
+                                kan_impl=kan_impl, repeat=i, out_dir=out, optimizer="adam", lr=1e-3,
+                                n_train=16384, **over)  # the recipe the scaling studies time
                 order = (_bare, _kanlib) if i % 2 == 0 else (_kanlib, _bare)
                 for fn in order:
                     if fn is _bare:

@@ -35,7 +35,7 @@ Device = Literal["auto", "cpu", "cuda"]
 Precision = Literal["fp32", "bf16"]
 CommHook = Literal["default", "timed", "noop", "bf16", "fp16", "powersgd"]
 NanPolicy = Literal["stop", "skip"]
-Optimizer = Literal["adam", "sgd"]
+Optimizer = Literal["lbfgs", "adam", "sgd"]
 Parallelism = Literal["ddp", "fsdp"]
 LrRule = Literal["none", "linear", "sqrt"]
 CpuAffinity = Literal["auto", "none"]
@@ -245,18 +245,20 @@ class RunConfig(Config):
     """task=file: a CSV file with a header row (numeric columns) or an .npz file with arrays x and y."""
     target: str = ""
     """task=file, CSV: the target column (default: the last column); every other column is a feature."""
-    n_train: int = 16384
+    n_train: int = 1024
     """Training samples: generated from ``seed`` (synthetic tasks), or at most this many rows (data sets)."""
     n_val: int = 2048
     """Held-out validation samples (bundled data sets and files: rows of the set; must leave training rows)."""
-    global_batch: int = 256
-    """Samples per optimizer step summed over all processes; split evenly across ranks."""
+    global_batch: int = 1024
+    """Samples per optimizer step summed over all processes; split evenly across ranks. The default is the whole
+    default training set: L-BFGS takes full-batch steps (pykan's recipe)."""
     steps: int = 30
     """Optimizer steps in total, warm-up included."""
     warmup_steps: int = 5
     """Leading steps excluded from timing (compilation, DDP's bucket rebuild in the first iteration)."""
-    lr: float = 1e-3
-    """Learning rate (before ``lr_rule`` and ``lr_warmup_steps``)."""
+    lr: float = 1.0
+    """Learning rate (before ``lr_rule`` and ``lr_warmup_steps``); for lbfgs the first trial step of each line
+    search (1.0, pykan's), for adam and sgd the step size (set it: 1e-3 to 1e-2)."""
     lr_rule: LrRule = "none"
     """Learning-rate scaling with the global batch: none, linear (lr * B / lr_base_batch) or sqrt
     (lr * sqrt(B / lr_base_batch))."""
@@ -264,8 +266,15 @@ class RunConfig(Config):
     """The global batch ``lr`` is tuned for (needed by lr_rule linear or sqrt)."""
     lr_warmup_steps: int = 0
     """Steps of linear learning-rate warm-up from lr/steps to the scaled lr (0 = none)."""
-    optimizer: Optimizer = "adam"
-    """Optimizer: adam or sgd."""
+    optimizer: Optimizer = "lbfgs"
+    """Optimizer: lbfgs (pykan's L-BFGS, kanlib.optim: strong Wolfe line search, history ``lbfgs_history``,
+    ``lbfgs_max_iter`` iterations per step; ``lr`` is its first trial step, 1.0 as in pykan; every rank takes
+    the same step), adam or sgd (which want an ``lr`` near 1e-3 to 1e-2)."""
+    lbfgs_max_iter: int = 20
+    """optimizer=lbfgs: iterations per optimizer step (pykan: 20). A step evaluates the loss and gradients of its
+    global batch (one forward and backward) at most ``lbfgs_max_iter * 5 // 4`` times; the record says how often."""
+    lbfgs_history: int = 10
+    """optimizer=lbfgs: curvature pairs kept (pykan: 10); each costs two vectors the size of the parameters."""
     seed: int = 0
     """Seed of data, initialisation and sampling order."""
     repeat: int = 0
@@ -320,9 +329,22 @@ class RunConfig(Config):
     emulate_bandwidth_bytes_per_s: float = 0.0
     """Emulated inter-node link bandwidth (bytes/s); only for nnodes > 1 (0 = no limit)."""
     grid_update_every: int = 0
-    """Refit spline grids to the data (all ranks' batches) every this many steps (0 = never; kan only)."""
+    """Refit spline grids to the data (all ranks' batches) every this many steps of each grid stage, from its step
+    ``grid_update_every`` on (0 = never; kan only). Never at the first step of a run: there the hidden layers'
+    inputs are those of the initialisation, several times narrower than a step later (docs/measurement.md)."""
+    grid_update_until: int = 0
+    """Grid updates stop at this step of each grid stage (pykan's ``stop_grid_update_step``: 50; 0 = update
+    through every stage)."""
     grid_eps: float = 0.02
     """Grid update mix: 0 = knots at data quantiles, 1 = uniform knots (keeps the closed-form path exact)."""
+    grid_extension: tuple[int, ...] = ()
+    """Grid extension (kan only): the finer grid sizes the run moves to in turn after ``grid_size``, e.g. (10, 20)
+    for pykan's 5 -> 10 -> 20. At each switch every layer's splines are refit onto the finer grid by least squares
+    on the step's global batch (the function is kept) and the optimizer starts afresh; () = ``grid_size``
+    throughout."""
+    grid_extension_steps: tuple[int, ...] = ()
+    """The step at which each ``grid_extension`` size starts (increasing); () = ``steps`` split evenly between
+    ``grid_size`` and the extension sizes."""
     eval_every: int = 0
     """Evaluate the validation loss every this many steps, outside the timed region (0 = at the end only)."""
     target_val_loss: float = 0.0
@@ -342,9 +364,10 @@ class RunConfig(Config):
         if any(w <= 0 for w in self.widths):
             raise ConfigError(f"widths: every width must be positive, got {list(self.widths)}")
         check_at_least(self, 1, "grid_size", "spline_order", "n_train", "n_val", "global_batch", "steps", "nnodes",
-                  "nproc_per_node", "threads", "powersgd_rank", "grad_accum_steps")
+                       "nproc_per_node", "threads", "powersgd_rank", "grad_accum_steps", "lbfgs_max_iter",
+                       "lbfgs_history")
         check_at_least(self, 0, "warmup_steps", "repeat", "seed", "grid_update_every", "checkpoint_every",
-                  "lr_base_batch", "lr_warmup_steps", "eval_every")
+                       "lr_base_batch", "lr_warmup_steps", "eval_every", "grid_update_until")
         check_positive(self, "lr", "bucket_cap_mb", "pg_timeout_s")
         check_non_negative(self, "emulate_latency_s", "emulate_bandwidth_bytes_per_s", "target_val_loss")
         if self.warmup_steps >= self.steps:
@@ -353,6 +376,11 @@ class RunConfig(Config):
             raise ConfigError(f"grid_eps: must be in [0, 1], got {self.grid_eps!r}")
         if self.grid_update_every and self.model != "kan":
             raise ConfigError(f"grid_update_every: grid updates refit B-spline grids, but model={self.model!r}")
+        self._validate_grid_extension()
+        if self.optimizer == "lbfgs" and self.comm_hook in ("noop", "powersgd"):
+            raise ConfigError(f"comm_hook: optimizer='lbfgs' needs the gradient of the loss on every rank, the same on "
+                              f"all (its line search decides from it); comm_hook={self.comm_hook!r} gives "
+                              f"{'each rank its own' if self.comm_hook == 'noop' else 'a low-rank approximation'}")
         lo, hi = self.grid_range if len(self.grid_range) == 2 else (0.0, 0.0)
         if len(self.grid_range) != 2 or not lo < hi:
             raise ConfigError(f"grid_range: need (low, high) with low < high, got {self.grid_range}")
@@ -378,6 +406,25 @@ class RunConfig(Config):
         from kanlib.data import check_task
 
         check_task(self)
+
+    def _validate_grid_extension(self) -> None:
+        sizes = (self.grid_size, *self.grid_extension)
+        if self.grid_extension and self.model != "kan":
+            raise ConfigError(f"grid_extension: grid extension refines B-spline grids, but model={self.model!r}")
+        if any(b <= a for a, b in zip(sizes, sizes[1:])):
+            raise ConfigError(f"grid_extension: each size must be finer than the one before "
+                              f"(grid_size={self.grid_size} first), got {list(self.grid_extension)}")
+        if self.grid_extension_steps:
+            starts = self.grid_extension_steps
+            if len(starts) != len(self.grid_extension):
+                raise ConfigError(f"grid_extension_steps: one start step per grid_extension size "
+                                  f"({len(self.grid_extension)}), got {list(starts)}")
+            if any(b <= a for a, b in zip((0, *starts), (*starts, self.steps))):
+                raise ConfigError(f"grid_extension_steps: need 0 < s1 < s2 < ... < steps={self.steps}, "
+                                  f"got {list(starts)}")
+        elif self.steps < len(sizes):
+            raise ConfigError(f"steps: {self.steps} steps cannot be split between {len(sizes)} grid sizes "
+                              f"{list(sizes)}")
 
     def _validate_comm(self) -> None:
         emulated = self.emulate_latency_s > 0 or self.emulate_bandwidth_bytes_per_s > 0

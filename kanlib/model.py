@@ -1,7 +1,8 @@
 """KAN layers and models, and the MLP baseline. Pure ``nn.Module``, no I/O.
 
-The one exception to "no torch.distributed" is :func:`update_grid_distributed` (at the end),
-which imports it lazily: a grid update must see every rank's data to leave the ranks identical.
+The one exception to "no torch.distributed" is :func:`update_grid_distributed` and
+:func:`refine_distributed` (grid extension) at the end, which import it lazily: a grid update or
+refinement must see every rank's data to leave the ranks identical.
 
 Layers (each takes ``(..., in)`` and returns ``(..., out)``; :class:`_Layer` checks and flattens once):
 :class:`KANLinear` (exact B-spline; ``impl`` "compiled", "fast" or "reference"), :class:`RBFKANLinear`
@@ -240,6 +241,79 @@ class KANLinear(_Layer):
         self.spline_weight.copy_(new_w.to(self.spline_weight.dtype))
         self.refresh_grid()
 
+    @torch.no_grad()
+    def refine(self, x: torch.Tensor, grid_size: int) -> float:
+        """Move the layer onto a grid of ``grid_size`` intervals, keeping its function (pykan's ``refine``).
+
+        x: ``(batch, in)``, samples of the layer's inputs. The new interior knots interpolate the current ones
+        linearly at ``grid_size + 1`` evenly spaced fractional positions (pykan's rule: a grid twice as fine
+        holds every current knot, and a uniform grid stays uniform, so the fast paths keep running), extended
+        by ``spline_order`` knots of the new mean interval on each side. The scaled coefficients are the
+        least-squares fit (float64) of the current spline outputs at the samples and at ``4 * grid_size``
+        evenly spaced points of the interior (so that every new basis is determined even where no sample
+        falls); where the new spline space contains the current spline (a grid twice as fine) the fit is
+        exact. ``grid`` and ``spline_weight`` become new tensors of the new size, so wrappers (DDP, FSDP) and
+        optimizers must be rebuilt. Returns the refit error: the root mean square, over the samples and the
+        outputs, of the change of the layer's output (its spline branch; the base branch is untouched).
+        """
+        if grid_size < 1:
+            raise ValueError(f"grid_size must be positive, got {grid_size}")
+        if x.dim() != 2 or x.shape[1] != self.in_features or x.shape[0] < 1:
+            raise ValueError(f"refine expects (batch >= 1, {self.in_features}) inputs, got {tuple(x.shape)}")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("refine got non-finite inputs")
+        k, n = self.spline_order, self.grid_size
+        dev, f64 = x.device, torch.float64
+        old = self.grid.to(f64)  # (in, G + 2k + 1)
+        coeff = self.scaled_spline_weight.to(f64).permute(1, 2, 0)  # (in, C, out)
+        interior = old[:, k:n + k + 1]  # (in, G + 1)
+        h = (interior[:, -1:] - interior[:, :1]) / grid_size  # (in, 1) the new mean interval
+        if self.grid_is_uniform:  # closed form, as make_grid: uniform to the last bit, for the fast paths
+            grid_new = interior[:, :1] + torch.arange(-k, grid_size + k + 1, dtype=f64, device=dev) * h
+            knots = grid_new[:, k:grid_size + k + 1]
+        else:
+            pos = torch.linspace(0, n, grid_size + 1, dtype=f64, device=dev)  # fractional knot indices
+            lo = pos.floor().clamp(max=n - 1).long()
+            frac = pos - lo
+            knots = interior[:, lo] * (1 - frac) + interior[:, lo + 1] * frac  # (in, G' + 1)
+            ext = torch.arange(1, k + 1, dtype=f64, device=dev)
+            grid_new = torch.cat([knots[:, :1] - h * ext.flip(0), knots, knots[:, -1:] + h * ext], dim=1)
+
+        u = torch.linspace(0, 1, 4 * grid_size + 1, dtype=f64, device=dev).unsqueeze(1)  # (P, 1)
+        fill = (knots[:, 0] + u * (knots[:, -1] - knots[:, 0]))  # (P, in): points inside the new interior
+        xd = torch.cat([x.to(f64), fill])  # (batch + P, in)
+        target = bspline_basis(xd, old, k).permute(1, 0, 2) @ coeff  # (in, batch + P, out)
+        A = bspline_basis(xd, grid_new, k).permute(1, 0, 2)  # (in, batch + P, C')
+        scaled = torch.linalg.lstsq(A.cpu(), target.cpu()).solution.to(dev).permute(2, 0, 1)  # (out, in, C')
+        if self.spline_scaler is None:
+            new_w = scaled
+        else:
+            s = self.spline_scaler.to(f64).unsqueeze(-1)
+            new_w = torch.where(s != 0, scaled / torch.where(s != 0, s, 1.0), 0.0)
+        new_w = new_w.to(self.spline_weight.dtype)
+        kept = new_w.to(f64) * (1.0 if self.spline_scaler is None else self.spline_scaler.to(f64).unsqueeze(-1))
+        m = x.shape[0]
+        moved = (A[:, :m] @ kept.permute(1, 2, 0) - target[:, :m]).sum(dim=0)  # (batch, out)
+        self._resize(grid_new.to(self.grid.dtype), new_w)
+        return float(moved.square().mean().sqrt())
+
+    def _resize(self, grid: torch.Tensor, spline_weight: torch.Tensor) -> None:
+        """Take ``grid: (in, G + 2k + 1)`` and ``spline_weight: (out, in, G + k)`` of another grid size G."""
+        self.grid = grid  # a registered buffer: state_dict keeps saving it
+        self.spline_weight = nn.Parameter(spline_weight, requires_grad=self.spline_weight.requires_grad)
+        self.grid_size = grid.shape[1] - 2 * self.spline_order - 1
+        self.refresh_grid()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A state of another grid size (a checkpoint written after a grid extension) resizes the layer first.
+        grid = state_dict.get(prefix + "grid")
+        if (isinstance(grid, torch.Tensor) and grid.dim() == 2 and grid.shape[0] == self.in_features
+                and grid.shape[1] != self.grid.shape[1] and grid.shape[1] > 2 * self.spline_order + 1):
+            n = grid.shape[1] - 2 * self.spline_order - 1
+            self._resize(self.grid.new_empty(grid.shape),
+                         self.spline_weight.new_empty(self.out_features, self.in_features, n + self.spline_order))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"grid_size={self.grid_size}, spline_order={self.spline_order}, impl={self.impl!r}")
@@ -378,6 +452,18 @@ class KAN(_LayerStack):
             x = layer(x)
 
 
+    @torch.no_grad()
+    def refine(self, x: torch.Tensor, grid_size: int) -> float:
+        """Every layer onto a grid of ``grid_size`` intervals (:meth:`KANLinear.refine`), each fit on the inputs
+        the current model gives it for ``x: (batch, in)`` (pykan's ``initialize_from_another_model``). Returns the
+        largest layer's refit error."""
+        inputs = []
+        for layer in self.layers:
+            inputs.append(x)
+            x = layer(x)
+        return max(layer.refine(xi, grid_size) for layer, xi in zip(self.layers, inputs))
+
+
 class RBFKAN(_LayerStack):
     """A stack of :class:`RBFKANLinear`. x: ``(..., widths[0])`` -> ``(..., widths[-1])``."""
 
@@ -513,6 +599,61 @@ def update_grid_distributed(model: nn.Module, x: torch.Tensor, margin: float = 0
             dist.broadcast(layer.grid, src=0)
             dist.broadcast(layer.spline_weight.data, src=0)
             layer.refresh_grid()
+
+
+def grid_size_of(model: nn.Module) -> int | None:
+    """The grid size of the first B-spline layer of ``model`` (or of the module it wraps); None without one."""
+    for m in getattr(model, "module", model).modules():
+        if isinstance(m, KANLinear):
+            return m.grid_size
+    return None
+
+
+@torch.no_grad()
+def refine_distributed(model: nn.Module, x: torch.Tensor, grid_size: int) -> tuple[nn.Module, float]:
+    """Grid extension on every rank: ``model`` onto grids of ``grid_size`` intervals (:meth:`KAN.refine`), fit on
+    the inputs of all ranks; returns ``(plain, refit_error)``.
+
+    model: a :class:`KAN` (or a DDP wrapper of one, or an FSDP-sharded one); x: ``(batch_rank, in)``, this
+    rank's batch, all-gathered as in :func:`update_grid_distributed`. Every rank refits the same deterministic
+    way on the union, then the refit parameters and grids are broadcast from rank 0, so the ranks end bitwise
+    equal. The result ``plain`` is an unwrapped :class:`KAN` of the new size: the model itself (DDP, one
+    process; its parameters replaced) or, under FSDP, a new one built from the gathered full parameters. Its
+    parameters are new tensors: the caller wraps it again and makes a new optimizer. Collective.
+    """
+    import torch.distributed as dist
+
+    module = getattr(model, "module", model)
+    if not isinstance(module, KAN):
+        raise TypeError(f"refine_distributed needs a KAN, got {type(module).__name__}")
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    x_all = _gather_rows(x.detach()) if distributed else x.detach()
+    plain = _plain_copy(module) if _sharded(module) else module
+    err = plain.refine(x_all, grid_size)
+    if distributed:
+        for t in [*plain.parameters(), *plain.buffers()]:
+            dist.broadcast(t.data, src=0)
+        for layer in plain.layers:
+            layer.refresh_grid()
+    return plain, err
+
+
+def _plain_copy(module: KAN) -> KAN:
+    """An unsharded :class:`KAN` holding the full parameters and grids of an FSDP-sharded one (collective)."""
+    from torch.distributed.tensor import DTensor
+
+    first = module.layers[0]
+    with torch.random.fork_rng(devices=[]):  # the throw-away initialisation leaves the RNG as it was
+        plain = KAN(module.widths, first.grid_size, first.spline_order, impl=first.impl, grid_eps=first.grid_eps,
+                    standalone_scale_spline=first.spline_scaler is not None)
+    plain = plain.to(first.grid.device, first.grid.dtype)
+    for name, p in module.named_parameters():
+        plain.get_parameter(name).copy_(p.full_tensor() if isinstance(p, DTensor) else p)
+    for name, b in module.named_buffers():
+        plain.get_buffer(name).copy_(b.full_tensor() if isinstance(b, DTensor) else b)
+    for layer in plain.layers:
+        layer.refresh_grid()
+    return plain
 
 
 def _sharded(module: nn.Module) -> bool:

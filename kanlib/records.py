@@ -340,6 +340,13 @@ class RunRecord:
     n_skipped_steps: int = field(default=0, metadata=_doc("steps whose update was skipped on every rank for a "
                                                            "non-finite loss (`nan_policy=skip`)"))
     n_grid_updates: int = field(default=0, metadata=_doc("grid refits of this attempt (`grid_update_every`)"))
+    evals_per_step: float = field(default=math.nan, metadata=_doc(
+        "median over the measured steps of the loss-and-gradient evaluations (forward and backward over the "
+        "global batch) per optimizer step: 1 for adam and sgd, up to `lbfgs_max_iter * 5 // 4` for lbfgs"))
+    n_evals: int = field(default=0, metadata=_doc("loss-and-gradient evaluations of this attempt's steps"))
+    final_grid_size: int | None = field(default=None, metadata=_doc(
+        "grid intervals of the splines at the end (the last of `grid_extension`, else `grid_size`; null for "
+        "models without B-spline grids)"))
     foreign_cpu_frac: float | None = field(default=None, metadata=_doc(
         "share of the CPU time of the CPUs the ranks ran on that other processes took during the measured steps "
         "(`/proc/stat` busy time minus the ranks' own; the largest over hosts and sets of CPUs; 0 quiet, 1 another "

@@ -32,13 +32,13 @@ _PROCESS_START = process_start_time()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from kanlib import checkpoint, distributed, faults, hooks, records  # noqa: E402
+from kanlib import checkpoint, distributed, faults, grids, hooks, optim, records  # noqa: E402
 from kanlib.config import RunConfig  # noqa: E402
 from kanlib.data import make_dataset  # noqa: E402
 from kanlib.distributed import AsyncFlag, DistInfo  # noqa: E402
 from kanlib.metrics import (InterferenceProbe, PhaseClock, combine_interference, device_memory,  # noqa: E402
                             model_state_bytes, peak_memory_bytes, reset_peak_memory, summarize)
-from kanlib.model import build_model, compile_seconds, count_params, kernel_paths, update_grid_distributed  # noqa: E402
+from kanlib.model import build_model, compile_seconds, count_params, kernel_paths  # noqa: E402
 from kanlib.records import RunRecord, StepRow  # noqa: E402
 
 
@@ -75,6 +75,7 @@ class Run:
     paused_s: float = 0.0  # evaluation and checkpoint time within the step in flight
     n_skipped: int = 0
     n_grid_updates: int = 0
+    evals: list[int] = field(default_factory=list)  # loss-and-gradient evaluations of each step of this attempt
     train_wall_s: float = 0.0
     target_at: tuple[int, float] | None = None  # (steps done, training wall time) when the target was reached
     stop_now: bool = False  # a stop (SIGTERM) was agreed at the end of the last step
@@ -199,6 +200,8 @@ def _buffer_sync(enabled: bool) -> dict:
 
 def make_optimizer(model: torch.nn.Module, cfg: RunConfig):
     """The optimizer and its number of per-parameter state tensors (for memory accounting)."""
+    if cfg.optimizer == "lbfgs":
+        return optim.make_lbfgs(model, cfg), optim.state_tensors(cfg)
     if cfg.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=cfg.lr), 2
     return torch.optim.SGD(model.parameters(), lr=cfg.lr), 0
@@ -230,11 +233,12 @@ def train_step(run: Run, step: int, sigterm: distributed.StopRequest) -> StepRow
         run.stop_flag.start(sigterm.requested)  # agreed at the end of the step, overlapped with it
     x, y = run.data.shard(step, cfg.global_batch, info.rank, info.world_size)
     x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
-    if cfg.grid_update_every and step and step % cfg.grid_update_every == 0:
-        update_grid_distributed(run.model, x)  # not timed; every rank ends bitwise equal
-        run.n_grid_updates += 1
-        if step >= run.measure_from:
-            reset_peak_memory(info.device)  # the refit's float64 temporaries are not training memory
+    if grids.before_step(run, step, x):  # not timed; a grid extension gave the model new parameters
+        if run.comm is not None:
+            run.comm.close()
+        run.module, run.comm = wrap(run.model, cfg, info)
+        run.optimizer, run.n_opt_states = make_optimizer(run.model, cfg)
+        run.params = list(run.model.parameters())
     lr = learning_rate(cfg, step)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
@@ -243,23 +247,31 @@ def train_step(run: Run, step: int, sigterm: distributed.StopRequest) -> StepRow
     clock = run.clock
     clock.start()
     k = cfg.grad_accum_steps
-    micro = zip(x.chunk(k), y.chunk(k)) if k > 1 else ((x, y),)
-    losses = []
-    for i, (xb, yb) in enumerate(micro):
-        sync = run.module.no_sync() if i < k - 1 else contextlib.nullcontext()  # all-reduce on the last only
-        with sync:
-            with run.autocast:
-                out = run.module(xb)
-            loss = run.data.loss(out, yb)
-            if run.faults and faults.due(run.faults, "nan", info.rank, step):
-                loss = loss * float("nan")
-            clock.mark("forward")
-            (loss / k if k > 1 else loss).backward()
-            clock.mark("backward")
-        losses.append(loss.detach())
-    loss = torch.stack(losses).mean() if k > 1 else losses[0]
+    micro = list(zip(x.chunk(k), y.chunk(k))) if k > 1 else [(x, y)]
+
+    def forward_backward() -> torch.Tensor:
+        """This rank's loss of the step's batch, and its gradients (communicated on the last micro-batch)."""
+        losses = []
+        for i, (xb, yb) in enumerate(micro):
+            sync = run.module.no_sync() if i < k - 1 else contextlib.nullcontext()  # all-reduce on the last only
+            with sync:
+                with run.autocast:
+                    out = run.module(xb)
+                loss = run.data.loss(out, yb)
+                if run.faults and faults.due(run.faults, "nan", info.rank, step):
+                    loss = loss * float("nan")
+                clock.mark("forward")
+                (loss / k if k > 1 else loss).backward()
+                clock.mark("backward")
+            losses.append(loss.detach())
+        return torch.stack(losses).mean() if k > 1 else losses[0]
+
+    loss = forward_backward()
     finite = _gradients_finite(run, loss)
-    if finite:
+    lbfgs = isinstance(run.optimizer, optim.LBFGS)
+    if finite and lbfgs:  # its line search evaluates the batch again, every rank the same number of times
+        optim.lbfgs_step(run.optimizer, forward_backward, loss, info, clock)
+    elif finite:
         run.optimizer.step()
     elif not _agreed_after_timing(run):
         _handle_non_finite(run, step, loss)
@@ -270,6 +282,7 @@ def train_step(run: Run, step: int, sigterm: distributed.StopRequest) -> StepRow
         _handle_non_finite(run, step, loss)
     comm = run.comm.end_step() if run.comm is not None else (math.nan, math.nan)  # (in flight, emulated) s
     loss_value = float(loss.item())
+    run.evals.append(run.optimizer.last_evals if lbfgs and finite else 1)
     stop_now = run.stop_flag.result() if agree else False
     row = StepRow(step=step, measured=int(step >= run.measure_from), attempt=run.attempt, time_unix_s=time.time(),
                   step_time_s=sum(phases.values()), forward_s=phases["forward"], backward_s=phases["backward"],
@@ -521,7 +534,7 @@ def finish(run: Run) -> RunRecord | None:
         final_val_accuracy=final["val_accuracy"], chance_accuracy=run.data.chance_accuracy,
         resumed_from_step=run.start_step, attempt=run.attempt, n_skipped_steps=run.n_skipped,
         n_grid_updates=run.n_grid_updates, earlier_attempts=records.earlier_attempts(run.run_dir),
-        **interference, **target)
+        **optim.record_fields(run.evals, first, run.model), **interference, **target)
     records.atomic_write_json(os.path.join(run.run_dir, records.RECORD_NAME), rec)
     checkpoint.remove_all(run.run_dir)  # complete: model.pt holds the final parameters
     return rec
@@ -608,13 +621,17 @@ def _full_states(run: Run) -> tuple[dict, dict]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        if isinstance(run.optimizer, optim.LBFGS):  # one flat history per rank, not per-parameter states
+            return _full_state_dict(run), optim.gather_state(run.optimizer, run.info)
         return _full_state_dict(run), get_optimizer_state_dict(run.model, run.optimizer, options=opts)
     return run.model.state_dict(), run.optimizer.state_dict()
 
 
 def _load_optimizer(model, optimizer, state: dict, cfg: RunConfig, info: DistInfo) -> None:
     """Restore the optimizer from a checkpoint; under FSDP from its full state, cut into this rank's shards."""
-    if _fsdp(cfg, info):
+    if _fsdp(cfg, info) and isinstance(optimizer, optim.LBFGS):
+        optim.load_state(optimizer, state, info)
+    elif _fsdp(cfg, info):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

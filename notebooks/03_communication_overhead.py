@@ -63,6 +63,7 @@ task: str = "exp_sin"  # exp_sin | highdim | product | digits | diabetes | feynm
 global_batch: int = 256  # samples per step summed over all processes
 steps: int = 12  # optimizer steps, warm-up included
 warmup_steps: int = 3  # steps excluded from timing
+optimizer: str = "adam"  # adam | sgd | lbfgs; this study times steps, not a converged model (README: recipes)
 lr: float = 0.001  # learning rate (the options are compared at the same one)
 repeats: int = 1  # separate runs per point
 n_train: int = 16384  # training samples generated from the seed (task file: at most this many rows)

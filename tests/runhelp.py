@@ -16,7 +16,8 @@ from kanlib.config import RunConfig
 
 BASE = dict(study="faults", model="kan", widths=(2, 4, 1), grid_size=3, nproc_per_node=2, steps=20,
             warmup_steps=2, n_train=256, n_val=64, global_batch=32, device="cpu", backend="gloo",
-            threads=1, pg_timeout_s=5.0, kan_impl="fast")  # the runner is tested here, not the kernels
+            threads=1, pg_timeout_s=5.0, kan_impl="fast",  # the runner is tested here, not the kernels
+            optimizer="adam", lr=1e-3)  # one forward and backward per step: faults land where the tests say
 
 
 def tiny(out_dir, **changes) -> RunConfig:

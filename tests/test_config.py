@@ -57,7 +57,7 @@ def test_run_key_depends_on_config_not_out_dir():
     assert a.run_key() == RunConfig(out_dir="/b").run_key()
     assert a.run_key() != RunConfig(repeat=1).run_key()
     assert a.run_key() != a.run_key(code_version="other")
-    assert a.run_dir().startswith("/a/adhoc/kan-w1x1-b256-r0-")
+    assert a.run_dir().startswith("/a/adhoc/kan-w1x1-b1024-r0-")
 
 
 def test_every_field_is_documented():

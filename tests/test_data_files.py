@@ -202,7 +202,7 @@ def test_training_on_a_file_learns(tmp_path):
     path = str(tmp_path / "h.csv")
     write_csv(path, n=2000)
     cfg = RunConfig(task="file", data_path=path, target="price", widths=(2, 8, 1), n_val=200, global_batch=128,
-                    steps=150, warmup_steps=5, lr=1e-2, kan_impl="fast", out_dir=str(tmp_path / "out"))
+                    steps=150, warmup_steps=5, lr=1e-2, optimizer="adam", kan_impl="fast", out_dir=str(tmp_path / "out"))
     rec = train(cfg).to_dict()
     assert rec["task"] == "file" and rec["data_path"] == path
     assert rec["final_val_loss"] < 0.05  # standardised target: 1.0 is the mean predictor

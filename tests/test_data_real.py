@@ -124,7 +124,7 @@ def test_digits_learns_clearly_above_chance(tmp_path):
     from kanlib.train import train
 
     cfg = RunConfig(task="digits", widths=(64, 32, 10), n_val=360, global_batch=128, steps=200, warmup_steps=5,
-                    lr=1e-2, kan_impl="fast", out_dir=str(tmp_path / "out"))
+                    lr=1e-2, optimizer="adam", kan_impl="fast", out_dir=str(tmp_path / "out"))
     rec = train(cfg).to_dict()
     assert rec["chance_accuracy"] == pytest.approx(make_dataset(cfg).chance_accuracy) and rec["chance_accuracy"] < 0.15
     assert rec["final_val_accuracy"] > 0.9 > rec["chance_accuracy"] + 0.7
@@ -185,7 +185,7 @@ def test_digits_on_two_gloo_processes_matches_one(tmp_path):
     from runners.launch import run
 
     base = dict(task="digits", widths=(64, 16, 10), n_val=360, global_batch=128, steps=60, warmup_steps=2, lr=1e-2,
-                device="cpu", backend="gloo", out_dir=str(tmp_path))
+                optimizer="adam", device="cpu", backend="gloo", out_dir=str(tmp_path))
     one = run(RunConfig(**base, nproc_per_node=1), echo=False)
     two = run(RunConfig(**base, nproc_per_node=2), echo=False)
     assert two["world_size"] == 2 and two["chance_accuracy"] == one["chance_accuracy"]

@@ -22,6 +22,7 @@ ALLOWED = {
     ("model.py", "all_gather"): "grid update: the batch x, on the device, and sizes created on x.device",
     ("model.py", "broadcast"): "grid update: the layer's buffers and parameters, on the device",
     ("collbench.py", "all_reduce"): "the benchmark's message, allocated on info.device",
+    ("optim.py", "all_reduce"): "L-BFGS's scalars under FSDP: reductions of its flat vectors, on the parameters' device",
 }
 
 

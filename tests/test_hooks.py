@@ -175,8 +175,8 @@ def test_powersgd_compresses_from_its_start_step(one_rank_group):
 def _cfg(tmp_path, **kw) -> RunConfig:
     """60 steps of a small KAN on 2 CPU processes; bucket_cap_mb=0.0001 gives 3 buckets."""
     base = dict(study="hooks", widths=(2, 8, 1), grid_size=3, global_batch=64, steps=60, warmup_steps=3,
-                n_train=2048, n_val=512, lr=1e-2, nproc_per_node=2, device="cpu", backend="gloo", threads=1,
-                bucket_cap_mb=0.0001, pg_timeout_s=30.0, out_dir=str(tmp_path), kan_impl="fast")
+                n_train=2048, n_val=512, lr=1e-2, optimizer="adam", nproc_per_node=2, device="cpu", backend="gloo",
+                threads=1, bucket_cap_mb=0.0001, pg_timeout_s=30.0, out_dir=str(tmp_path), kan_impl="fast")
     return RunConfig(**{**base, **kw})
 
 

@@ -14,7 +14,7 @@ from runners.launch import check_environment, run, torchrun_command
 
 def tiny(tmp_path, **kw) -> RunConfig:
     base = dict(widths=(2, 8, 1), grid_size=4, global_batch=64, steps=12, warmup_steps=2,
-                n_train=1024, n_val=256, out_dir=str(tmp_path), study="t", kan_impl="fast")
+                n_train=1024, n_val=256, out_dir=str(tmp_path), study="t", kan_impl="fast", optimizer="adam", lr=1e-3)
     base.update(kw)
     return RunConfig(**base)
 

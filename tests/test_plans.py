@@ -26,7 +26,7 @@ def test_strong_and_weak_builders(tmp_path):
 
 
 def test_communication_builder_pairs_timed_and_noop(tmp_path):
-    base = RunConfig(global_batch=64, out_dir=str(tmp_path))
+    base = RunConfig(global_batch=64, out_dir=str(tmp_path), optimizer="adam")  # lbfgs has no no-op twin
     c = plans.communication([2, 4], base, bucket_caps_mb=[1, 25])
     assert len(c) == 8 and sum(x.comm_hook == "noop" for x in c) == 4
     assert len({x.run_key() for x in c}) == 8
@@ -53,7 +53,7 @@ def test_calibration_without_emulated_placements_benchmarks_the_machines_links(t
     """The notebooks' CI defaults emulate nothing: no emulated DDP runs, the plain benchmark still runs."""
     from kanlib.collbench import BenchConfig
 
-    base = RunConfig(global_batch=64, out_dir=str(tmp_path))
+    base = RunConfig(global_batch=64, out_dir=str(tmp_path), optimizer="adam")  # lbfgs has no no-op twin
     runs, bench = plans.calibration(base, BenchConfig(out_dir=str(tmp_path)), placements=[],
                                       bench_placements=["1x2"])
     assert runs == [] and [(b.nnodes, b.nproc_per_node, b.emulate_latency_s) for b in bench] == [(1, 2, 0.0)]
@@ -66,7 +66,7 @@ def test_calibration_without_emulated_placements_benchmarks_the_machines_links(t
 @pytest.mark.slow
 def test_exposed_communication_on_two_gloo_processes(tmp_path):
     base = RunConfig(widths=(2, 64, 64, 1), global_batch=128, steps=25, warmup_steps=5, n_train=2048, kan_impl="fast",
-                     out_dir=str(tmp_path))
+                     optimizer="adam", lr=1e-3, out_dir=str(tmp_path))
     cfgs = plans.communication([2], base, bucket_caps_mb=[0.05, 25.0])
     res = run_sweep(cfgs, progress=False, rerun_disturbed=False)
     assert res.ok, res.failures

@@ -26,7 +26,7 @@ def tiny(tmp_path, **kw) -> RunConfig:
     """A run of a few seconds; one thread per process (each test node has one CPU)."""
     base = dict(study="slurm", widths=(2, 4, 1), grid_size=4, n_train=512, n_val=128,
                 global_batch=64, steps=6, warmup_steps=1, threads=1, backend="gloo", device="cpu", kan_impl="fast",
-                out_dir=str(tmp_path))
+                optimizer="adam", lr=1e-3, out_dir=str(tmp_path))
     base.update(kw)
     return RunConfig(**base)
 
