@@ -101,7 +101,7 @@ def run_pykan(task: str, seed: int, steps: int) -> dict:
 
 
 def run_kanlib(task: str, seed: int, nproc: int, steps: int, out_dir: str) -> dict:
-    from kanlib import results
+    from kanlib.analysis import load as results
     from runners.launch import run
 
     cfg = kanlib_config(task, seed, nproc, steps, out_dir)

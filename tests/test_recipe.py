@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from kanlib import results
+from kanlib.analysis import load as results
 from kanlib.config import RunConfig
 from runhelp import final_params, max_abs_diff
 from runners.launch import run
