@@ -595,6 +595,18 @@ def prepare_compile(device_type: str = "cpu", background: bool = True) -> None:
         work()
 
 
+def wait_prepared() -> None:
+    """Wait for :func:`prepare_compile`'s background imports to end.
+
+    Call it before this thread imports torch._dynamo or torch._inductor itself: two threads importing
+    the same circle of modules at once deadlock on Python's module locks (``_DeadlockError``), which is
+    what a run did when it read dynamo's compile time while the thread was still importing inductor.
+    """
+    for thread in list(_PREPARING.values()):
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+
 ISA_PROBES_NAME = "kanlib-vec-isa-probes.json"
 
 

@@ -722,6 +722,7 @@ def compile_seconds() -> float:
     With a warm inductor cache (``TORCHINDUCTOR_CACHE_DIR``, FX graph and AOTAutograd caches on by
     default) this is dynamo's tracing plus cache loads, not a full compilation.
     """
+    fast_kan.wait_prepared()  # never import dynamo while prepare_compile's thread imports inductor
     try:
         from torch._dynamo.utils import compilation_time_metrics
     except ImportError:

@@ -418,3 +418,18 @@ def test_isa_load_probes_are_remembered_per_host_and_failures_are_not(tmp_path, 
     good.unlink()  # the library is gone (cache cleaned): probed again, never trusted blindly
     isa._probe_load(str(good))
     assert calls[-1] == str(good) and len(calls) == 4
+
+
+def test_reading_compile_time_waits_for_the_background_preparation():
+    """A fresh process that starts prepare_compile's thread and at once reads dynamo's compile time (what
+    every compiled run does at start) must not deadlock on Python's module locks (CI saw a
+    ``_DeadlockError`` from torch._inductor's import in that race)."""
+    code = (
+        "from kanlib import fast_kan, model\n"
+        "fast_kan.prepare_compile('cpu')\n"
+        "print(model.compile_seconds())\n"
+    )
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert float(out.stdout.strip()) == 0.0
