@@ -430,6 +430,7 @@ def test_reading_compile_time_waits_for_the_background_preparation():
         "print(model.compile_seconds())\n"
     )
     for _ in range(3):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
         assert out.returncode == 0, out.stderr[-3000:]
         assert float(out.stdout.strip()) == 0.0
