@@ -123,7 +123,8 @@ def pin_cpus(cfg, device: str) -> list[int]:
     if (cfg.cpu_affinity != "auto" or device != "cpu" or "RANK" not in os.environ
             or not hasattr(os, "sched_setaffinity") or _CPU_CLAIMS):
         return []
-    allowed = sorted(os.sched_getaffinity(0))
+    allowed = _ALLOWED_CPUS or sorted(os.sched_getaffinity(0))
+    _ALLOWED_CPUS[:] = allowed
     where = cpu_slot_dir()
     try:
         os.makedirs(where, exist_ok=True)
@@ -140,6 +141,39 @@ def pin_cpus(cfg, device: str) -> list[int]:
             os.sched_setaffinity(0, block)
             return block
     return []
+
+
+def unpin_cpus() -> None:
+    """Give back the CPUs :func:`pin_cpus` claimed (a worker group waiting between two sweep rounds holds none,
+    so the groups of other placements that run meanwhile get CPUs of their own); the process may then run on
+    any CPU it is allowed."""
+    while _CPU_CLAIMS:
+        os.close(_CPU_CLAIMS.pop())  # closing the descriptor releases its lock
+    _set_affinity_of_threads(_ALLOWED_CPUS or sorted(os.sched_getaffinity(0)))
+
+
+def repin_cpus(cfg, device: str) -> list[int]:
+    """Claim CPUs again after :func:`unpin_cpus` (as :func:`pin_cpus`) and move every thread of this process
+    there, the threads gloo and OpenMP started earlier included."""
+    block = pin_cpus(cfg, device)
+    if block:
+        _set_affinity_of_threads(block)
+    return block
+
+
+_ALLOWED_CPUS: list[int] = []  # the CPUs this process could use before it pinned itself
+
+
+def _set_affinity_of_threads(cpus: list[int]) -> None:
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cpus)
 
 
 def setup(cfg) -> DistInfo:

@@ -31,6 +31,7 @@ STEPS_NAME = "steps.csv"
 CONFIG_NAME = "config.json"
 MANIFEST_NAME = "manifest.jsonl"
 LAUNCHES_NAME = "launches.jsonl"
+SWEEPS_NAME = "sweeps.jsonl"
 PREEMPTED_NAME = "preempted.json"
 MODEL_NAME = "model.pt"
 ENV_PREFIXES = ("NCCL_", "TORCH_", "GLOO_", "OMP_", "MASTER_", "KANLIB_", "CUDA_VISIBLE_DEVICES")
@@ -603,6 +604,28 @@ class LaunchRow:
                                                               "(deadline, interruption)"))
     logs: list = field(default_factory=list, metadata=_doc("its log files"))
     status: str = field(default="ok", metadata=_doc("`ok` (the row is complete)"))
+    n_parts: int = field(default=1, metadata=_doc("parts of its plan it was handed: a group kept open across a "
+                                                  "sweep's rounds gets one per round it served"))
+    waiting_s: float = field(default=0.0, metadata=_doc("of `duration_s`, the time it waited between parts of its "
+                                                        "plan, holding no CPU, while other groups ran (s)"))
+
+
+@dataclass
+class SweepRow:
+    """One sweep (runners.sweep.run_sweep) over a study folder, appended to ``<study>/sweeps.jsonl`` when it ends:
+    how long it took and how many launches it made, against which the records' measured steps are weighed."""
+
+    study: str = field(metadata=_doc("the study of its runs"))
+    started_at: str = field(default="", metadata=_doc("when it started (UTC, ISO 8601)"))
+    duration_s: float = field(default=0.0, metadata=_doc("from its start to its end (s): every launch, its waits, "
+                                                         "the reruns"))
+    n_runs: int = field(default=0, metadata=_doc("runs it was given (after removing duplicates)"))
+    n_ok: int = field(default=0, metadata=_doc("runs that have an ok record at its end"))
+    n_failed: int = field(default=0, metadata=_doc("runs that failed"))
+    n_skipped: int = field(default=0, metadata=_doc("runs already done before it started"))
+    n_launches: int = field(default=0, metadata=_doc("worker-group launches it made"))
+    n_rerun: int = field(default=0, metadata=_doc("runs run again because their first attempt was disturbed"))
+    launcher: str = field(default="local", metadata=_doc("`local`, `multinode` or `slurm`"))
 
 
 MANIFEST_STATUSES = ("ok", "failed", "timeout", "preempted", "disturbed")
@@ -891,6 +914,14 @@ def schema_markdown() -> str:
         "| field | type | meaning |",
         "|---|---|---|",
         *_rows(LaunchRow),
+        "",
+        f"## `<study>/{SWEEPS_NAME}`",
+        "",
+        SweepRow.__doc__.strip().replace("``", "`").replace("\n    ", " "),
+        "",
+        "| field | type | meaning |",
+        "|---|---|---|",
+        *_rows(SweepRow),
         "",
         f"## `{RECORD_NAME}` of a collective benchmark",
         "",

@@ -36,6 +36,8 @@ from kanlib import distributed, faults, records  # noqa: E402
 from kanlib.config import GROUP_FIELDS, ConfigError, RunConfig, group_key  # noqa: E402
 
 PLAN_NAME = "plan.json"
+CLOSE_NAME = "close"
+WAIT_POLL_S = 0.05  # how often a waiting group looks for the next part of its plan
 EVENTS_NAME = "events.jsonl"
 BEGIN_MARK = "kanlib: run {key} begins"
 END_MARK = "kanlib: run {key} ends"
@@ -65,14 +67,51 @@ def kind_of(cfg) -> str:
     return "collbench" if type(cfg).__name__ == "BenchConfig" else "train"
 
 
-def write_plan(path: str, launch_id: str, configs: list) -> None:
-    """Write the plan of a launch: its id and the configs it runs, in order (all of one group key)."""
+def write_plan(path: str, launch_id: str, configs: list, keep_open: bool = False) -> None:
+    """Write the plan of a launch: its id and the configs it runs, in order (all of one group key).
+
+    ``keep_open``: when the group has run them, it waits (holding no CPU, polling the launch folder) for the
+    next part of its plan, ``plan-<k>.json`` written by :func:`write_chunk`, or for ``close``: one group then
+    serves its placement for every round of a sweep."""
     keys = {group_key(c) for c in configs}
     if len(keys) != 1:
         raise ConfigError(f"a worker group runs configs that agree on {', '.join(GROUP_FIELDS)}; got {len(keys)} "
                           f"different groups")
-    records.atomic_write_json(path, {"launch_id": launch_id, "runs": [
+    records.atomic_write_json(path, {"launch_id": launch_id, "open": bool(keep_open), "runs": [
         {"kind": kind_of(c), "run_key": c.run_key(), "config": c.to_dict()} for c in configs]})
+
+
+def chunk_path(plan_path: str, k: int) -> str:
+    """Part ``k`` of a launch's plan: ``plan.json`` for 0, ``plan-<k>.json`` after it."""
+    return plan_path if k == 0 else os.path.join(os.path.dirname(os.path.abspath(plan_path)), f"plan-{k}.json")
+
+
+def write_chunk(plan_path: str, k: int, launch_id: str, configs: list) -> str:
+    """Hand a waiting group (``keep_open``) part ``k`` of its plan; returns its path."""
+    path = chunk_path(plan_path, k)
+    write_plan(path, launch_id, configs, keep_open=True)
+    return path
+
+
+def close_plan(plan_path: str) -> None:
+    """Tell a waiting group that its plan has no further part: it leaves."""
+    records.atomic_write_json(os.path.join(os.path.dirname(os.path.abspath(plan_path)), CLOSE_NAME), {"at": time.time()})
+
+
+def latest_chunk(plan_path: str) -> int:
+    """The highest part of the plan written so far (where a restarted group carries on)."""
+    k = 0
+    while os.path.exists(chunk_path(plan_path, k + 1)):
+        k += 1
+    return k
+
+
+def plan_is_open(path: str) -> bool:
+    try:
+        with open(path) as f:
+            return bool(json.load(f).get("open", False))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def read_plan(path: str) -> tuple[str, list]:
@@ -97,20 +136,21 @@ def event(path: str, **fields) -> None:
     records.append_event(path, {"at": time.time(), **fields})
 
 
-def finished_runs(path: str) -> set[str]:
-    """Run keys the events file says ended (a torchrun restart of the same launch skips them)."""
+def finished_runs(path: str, chunk: int = 0) -> set[str]:
+    """Run keys the events file says ended in part ``chunk`` of the plan (a torchrun restart of the same launch
+    skips them)."""
     done = set()
     for e in records.read_events(path):
-        if e.get("event") == "end":
+        if e.get("event") == "end" and int(e.get("chunk", 0)) == chunk:
             done.add(e.get("run_key"))
     return done
 
 
-def _first_to_run(events: str, configs: list, info: distributed.DistInfo) -> int:
+def _first_to_run(events: str, configs: list, info: distributed.DistInfo, chunk: int = 0) -> int:
     """Index of the first run this launch has not finished (rank 0 decides from the events, for all)."""
     first = 0
     if info.is_main:
-        done = finished_runs(events)
+        done = finished_runs(events, chunk)
         while first < len(configs) and configs[first].run_key() in done:
             first += 1
     return int(distributed.broadcast(torch.tensor([first], dtype=torch.int64), info).item())
@@ -151,39 +191,72 @@ def _nccl_debug(configs: list, plan_dir: str, rank: int) -> None:
 
 
 def run_plan(plan_path: str) -> int:
-    """Run every run of the plan this launch has not finished, in order; returns the exit code."""
-    launch_id, configs = read_plan(plan_path)
+    """Run every run of the plan this launch has not finished, in order (and, for an open plan, every later part
+    of it until the runner closes it); returns the exit code."""
+    chunk = latest_chunk(plan_path)  # a torchrun restart carries on with the part in flight
+    launch_id, configs = read_plan(chunk_path(plan_path, chunk))
+    keep_open = plan_is_open(plan_path)
     plan_dir = os.path.dirname(os.path.abspath(plan_path))
     events = os.path.join(plan_dir, EVENTS_NAME)
     kinds = config_kinds()
     _prepare_process(configs)
     _nccl_debug(configs, plan_dir, int(os.environ.get("RANK", "0")))
+    ran = 0  # runs this process began
     with distributed.own_group(configs[0]) as group:
         group.launch_id = launch_id
         info = group.info
-        first = _first_to_run(events, configs, info)
-        for i in range(first, len(configs)):
-            cfg, key = configs[i], configs[i].run_key()
-            if _any_rank(group, group.stop.requested):
-                break  # SIGTERM between runs: the rest is left for a later launch
-            if i > first:  # between two runs of this process (a fresh launch starts its first run undisturbed)
-                faults.between_runs(faults.active(key), info.rank)
-            group.runs_before = i - first
-            group.started_at = _PROCESS_START if i == first else time.time()
-            if info.is_main:
-                event(events, event="begin", run_key=key, index=i)
-            if info.local_rank == 0:
-                print(BEGIN_MARK.format(key=key), flush=True)
-            rec = kinds[kind_of(cfg)][1](cfg, group)
-            preempted = info.is_main and rec is None and os.path.exists(
-                os.path.join(cfg.run_dir(), records.PREEMPTED_NAME))
-            if info.local_rank == 0:
-                print(END_MARK.format(key=key), flush=True)
-            if info.is_main:
-                event(events, event="end", run_key=key, index=i, status="preempted" if preempted else "ok")
-            if _any_rank(group, preempted):  # also keeps the ranks together between runs
+        while True:
+            stopped = False
+            first = _first_to_run(events, configs, info, chunk)
+            for i in range(first, len(configs)):
+                cfg, key = configs[i], configs[i].run_key()
+                if _any_rank(group, group.stop.requested):
+                    stopped = True
+                    break  # SIGTERM between runs: the rest is left for a later launch
+                if ran:  # between two runs of this process (a fresh launch starts its first run undisturbed)
+                    faults.between_runs(faults.active(key), info.rank)
+                group.runs_before = ran
+                group.started_at = _PROCESS_START if not ran else time.time()
+                ran += 1
+                if info.is_main:
+                    event(events, event="begin", run_key=key, index=i, chunk=chunk)
+                if info.local_rank == 0:
+                    print(BEGIN_MARK.format(key=key), flush=True)
+                rec = kinds[kind_of(cfg)][1](cfg, group)
+                preempted = info.is_main and rec is None and os.path.exists(
+                    os.path.join(cfg.run_dir(), records.PREEMPTED_NAME))
+                if info.local_rank == 0:
+                    print(END_MARK.format(key=key), flush=True)
+                if info.is_main:
+                    event(events, event="end", run_key=key, index=i, chunk=chunk,
+                          status="preempted" if preempted else "ok")
+                if _any_rank(group, preempted):  # also keeps the ranks together between runs
+                    stopped = True
+                    break
+            if stopped or not keep_open:
                 break
+            nxt = _wait_for_chunk(plan_path, chunk + 1, group, group_key(configs[0]))
+            if _any_rank(group, nxt is None):  # closed (or stopped) on any rank: every rank leaves
+                break
+            chunk, configs = chunk + 1, nxt
     return 0
+
+
+def _wait_for_chunk(plan_path: str, k: int, group: distributed.Group, key: tuple) -> list | None:
+    """Wait, holding no CPU, for part ``k`` of the plan; its configs, or None when the runner closed the plan or
+    the group was asked to stop. The CPUs are claimed again for the new part."""
+    distributed.unpin_cpus()
+    path, close = chunk_path(plan_path, k), os.path.join(os.path.dirname(os.path.abspath(plan_path)), CLOSE_NAME)
+    while not os.path.exists(path):
+        if os.path.exists(close) or group.stop.requested:
+            return None
+        time.sleep(WAIT_POLL_S)
+    _, configs = read_plan(path)
+    if group_key(configs[0]) != key:
+        raise ConfigError(f"plan: {path} hands this group runs of another placement or set-up "
+                          f"(they must agree on {', '.join(GROUP_FIELDS)})")
+    distributed.repin_cpus(configs[0], distributed.resolve_device(configs[0].device))
+    return configs
 
 
 def main(argv: list[str] | None = None) -> int:

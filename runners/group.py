@@ -24,9 +24,10 @@ def launch_dir(cfg, launch_id: str) -> str:
     return os.path.join(cfg.out_dir, cfg.study, LAUNCHES_DIR, launch_id)
 
 
-def new_plan(configs: list) -> tuple[str, str | None]:
+def new_plan(configs: list, keep_open: bool = False) -> tuple[str, str | None]:
     """Write the plan of a new launch of ``configs`` (one group key); returns ``(launch_id, plan_path)``. A
-    config a worker group cannot run (kanlib.worker.runs_in_worker) gets no plan: it runs alone."""
+    config a worker group cannot run (kanlib.worker.runs_in_worker) gets no plan: it runs alone. ``keep_open``:
+    the group waits for more runs when it has run these (kanlib.worker.write_plan)."""
     from kanlib.worker import PLAN_NAME, runs_in_worker, write_plan
 
     launch_id = records.new_run_id()
@@ -35,7 +36,7 @@ def new_plan(configs: list) -> tuple[str, str | None]:
     folder = launch_dir(configs[0], launch_id)
     os.makedirs(folder, exist_ok=True)
     path = os.path.abspath(os.path.join(folder, PLAN_NAME))
-    write_plan(path, launch_id, configs)
+    write_plan(path, launch_id, configs, keep_open=keep_open)
     return launch_id, path
 
 
@@ -49,21 +50,40 @@ def groups_of(configs: list) -> list[list]:
 
 
 def run_group(configs: list, make_job, *, timeout_s: float | None = None, echo=None, retries: int = 0,
-              on_end=None) -> list[Outcome]:
-    """Run ``configs`` (one group key) in launches of ``make_job(first_config, plan_path)``; the outcome of
-    every run, in the order they ended. ``on_end(cfg)`` is called as each run ends (the caller's lock)."""
+              on_end=None, keep_open: bool = False, reuse: Launch | None = None) -> tuple[list[Outcome], Launch | None]:
+    """Run ``configs`` (one group key) in launches of ``make_job(first_config, plan_path)``; returns the outcome of
+    every run, in the order they ended, and the launch left waiting for more runs (or None). ``on_end(cfg)`` is
+    called as each run ends (the caller's lock).
+
+    ``reuse``: a launch of the same group key left waiting by an earlier call: it runs these too (a group that
+    left meanwhile is closed and a fresh one started). ``keep_open``: a new launch waits for more runs when every
+    run handed to it ended ok, instead of leaving; the caller hands it the next ones (``reuse``) or closes it
+    (:meth:`runners.supervisor.Launch.close`)."""
     from kanlib.worker import runs_in_worker
 
     pending, outcomes = list(configs), []
+    launch = reuse
     while pending:
-        launch_id, plan = new_plan(pending if runs_in_worker(pending[0]) else pending[:1])
-        job = make_job(pending[0], plan)
-        ended = Launch(pending if plan else pending[:1], job, timeout_s=timeout_s, echo=echo, on_end=on_end,
-                       launch_id=launch_id).watch(retries)
+        if launch is not None and not launch.alive():
+            launch.close()  # left while it waited (killed between rounds): its line, and a fresh launch
+            launch = None
+        reused = launch is not None
+        if reused:
+            ended = launch.extend(pending)
+        else:
+            alone = not runs_in_worker(pending[0])
+            launch_id, plan = new_plan(pending[:1] if alone else pending, keep_open=keep_open and not alone)
+            job = make_job(pending[0], plan)
+            launch = Launch(pending if plan else pending[:1], job, timeout_s=timeout_s, echo=echo, on_end=on_end,
+                            launch_id=launch_id, plan_path=plan, keep_open=keep_open and plan is not None)
+            ended = launch.watch(retries)
         outcomes += ended
         done = {o.cfg.run_key() for o in ended}
         rest = [c for c in pending if c.run_key() not in done]
-        if len(rest) == len(pending):  # a launch always ends its first run; never loop without progress
-            raise RuntimeError(f"launch {launch_id} ended no run of its plan {plan}")
+        if len(rest) == len(pending) and not reused:  # a fresh launch always ends its first run: never loop
+            raise RuntimeError(f"launch {launch.launch_id} ended no run of its plan")
         pending = rest
-    return outcomes
+        if not launch.alive():
+            launch.close()
+            launch = None
+    return outcomes, launch

@@ -326,8 +326,14 @@ class Launch:
     the launch log in its own folder, and ``on_end(cfg)`` (the caller releases its lock)."""
 
     def __init__(self, configs: list, job: Job, *, timeout_s: float | None = None, echo=None,
-                 kill_grace_s: float = 20.0, on_end=None, launch_id: str = ""):
+                 kill_grace_s: float = 20.0, on_end=None, launch_id: str = "", plan_path: str | None = None,
+                 keep_open: bool = False):
         self.configs, self.job, self.timeout_s = list(configs), job, timeout_s
+        # keep_open: the group's plan is open (kanlib.worker.write_plan); when every run of it has ended ok, watch()
+        # returns with the processes waiting, and extend() hands them the next runs; close() lets them leave
+        self.plan_path, self.keep_open, self.idle, self.chunk = plan_path, keep_open, False, 0
+        self.done_chunks: list[tuple[int, int, int]] = []  # (planned, began, ok) of the parts before this one
+        self.waiting_s = self.idle_since = 0.0
         self.echo = sys.stdout if echo is None else echo
         self.kill_grace_s, self.on_end, self.launch_id = kill_grace_s, on_end, launch_id
         self.by_key = {c.run_key(): c for c in self.configs}
@@ -379,17 +385,72 @@ class Launch:
 
     # -- watching ---------------------------------------------------------------------------------------
     def watch(self, retries: int = 0) -> list[Outcome]:
-        """Start the job and follow it to its end; the outcomes of the runs that began, in order. ``retries``:
-        relaunch at once when nothing began and ``job.retry`` says so (a port taken meanwhile)."""
+        """Start the job and follow it to its end (an open plan: until every run of it ended ok, the processes
+        then waiting for :meth:`extend`); the outcomes of the runs that began, in order. ``retries``: relaunch at
+        once when nothing began and ``job.retry`` says so (a port taken meanwhile)."""
+        self._clear_markers()
+        self.started, self.started_wall = time.monotonic(), time.time()
+        self.launch_started = self.started
+        self.last_end = self.started
+        return self._follow_to_end(retries, start=True)
+
+    def extend(self, configs: list) -> list[Outcome]:
+        """Hand the waiting group (``keep_open``, after :meth:`watch` or :meth:`extend` returned) the next runs and
+        follow them as :meth:`watch` does; the outcomes of the runs that began."""
+        from kanlib.worker import write_chunk
+
+        if not self.alive():
+            raise RuntimeError(f"launch {self.launch_id} is not waiting for runs")
+        self.follow.pump(final=True)
+        self.done_chunks.append((len(self.configs), len(self.began),
+                                 sum(o.status == "ok" for o in self.ended.values())))
+        self.configs = list(configs)
+        self.by_key = {c.run_key(): c for c in self.configs}
+        self.before = {k: read_record(c) for k, c in self.by_key.items()}
+        self.waiting_s += time.monotonic() - self.idle_since
+        self.began, self.ended, self.timed_out, self.idle = {}, {}, None, False
+        self.chunk += 1
+        self.follow.start = list(self.follow.offsets)  # this part's text starts here
+        self._clear_markers()
+        self.started = self.last_end = time.monotonic()  # the first run's deadline counts from now
+        write_chunk(self.plan_path, self.chunk, self.launch_id, self.configs)
+        return self._follow_to_end(0, start=False)
+
+    def alive(self) -> bool:
+        """Whether the group is waiting for runs (an open plan whose runs all ended ok, processes still there)."""
+        return self.idle and self.job.poll() is None
+
+    def close(self, wait_s: float = 60.0) -> None:
+        """Tell a waiting group its plan is complete and wait for it to leave (ended after ``wait_s``); writes the
+        launch's line. Nothing when the group is not waiting."""
+        from kanlib.worker import close_plan
+
+        if not self.idle:
+            return
+        self.idle = False
+        self.waiting_s += time.monotonic() - self.idle_since
+        code = self.job.poll()
+        if code is None:
+            close_plan(self.plan_path)
+            until = time.monotonic() + wait_s
+            while (code := self.job.poll()) is None and time.monotonic() < until:
+                time.sleep(POLL_S)
+            if code is None:
+                self.job.cancel(self.kill_grace_s)
+                code = self.job.poll()
+        self.follow.pump(final=True)
+        self._log_launch(code)
+
+    def _clear_markers(self) -> None:
         for cfg in self.configs:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(cfg.run_dir(), records.PREEMPTED_NAME))
-        self.started, self.started_wall = time.monotonic(), time.time()
-        self.last_end = self.started
+
+    def _follow_to_end(self, retries: int, start: bool) -> list[Outcome]:
         try:
             for attempt in range(retries + 1):
-                code, timed_out = self._run_job()
-                if attempt < retries and not timed_out and self._may_retry():
+                code, timed_out = self._run_job(start)
+                if attempt < retries and not timed_out and not self.idle and self._may_retry():
                     _append_log(self.follow.paths, "kanlib: a port was taken (address already in use); relaunching\n")
                     continue
                 break
@@ -397,17 +458,44 @@ class Launch:
             self._log_launch(None)
             raise
         except BaseException as e:  # Ctrl-C, SIGTERM to the sweep, or a bug: never leave the run behind
-            self.interrupted = e
+            self.interrupted, self.idle = e, False
             self.job.cancel(self.kill_grace_s)
             self._settle(None, interrupted=e)
             self._log_launch(None)
             raise
-        self._settle(code, timed_out=timed_out)
-        self._log_launch(code)
+        if not self.idle:
+            self._settle(code, timed_out=timed_out)
+            self._log_launch(code)
         return [self.ended[c.run_key()] for c in self.configs if c.run_key() in self.ended]
 
-    def _run_job(self) -> tuple[int | None, bool]:
-        """Start the job, follow logs and events until it ends or the run in flight passes its deadline."""
+    def _chunk_done(self) -> bool:
+        """Every run of the open plan's current part ended ok: the group now waits for the next part."""
+        return (self.keep_open and len(self.ended) == len(self.configs)
+                and all(o.status == "ok" for o in self.ended.values()))
+
+    def _run_job(self, start: bool = True) -> tuple[int | None, bool]:
+        """Start the job (``start``), follow logs and events until it ends, the run in flight passes its
+        deadline, or (an open plan) every run of its current part ended ok (``self.idle``)."""
+        if start:
+            self._start_job()
+        while True:
+            self.follow.pump()
+            self._events()
+            code = self.job.poll()
+            if code is not None:
+                return code, False
+            if self._chunk_done():
+                self.idle, self.idle_since = True, time.monotonic()
+                return None, False
+            if self._deadline_passed():
+                self.timed_out = self.in_flight().run_key()
+                _append_log(self.follow.paths, f"{DEADLINE_MARK} of {self.timeout_s} s passed; ending the run\n",
+                            every=True)
+                self.job.cancel(self.kill_grace_s)
+                return None, True  # no exit code of its own: the runner ended it
+            time.sleep(POLL_S)
+
+    def _start_job(self) -> None:
         logs = self.job.log_paths()
         self.follow = LogFollower(logs, self.echo, [self.job.log_prefix(i) for i in range(len(logs))])
         try:
@@ -418,19 +506,6 @@ class Launch:
         if self.job.log_paths() != logs:  # some launchers know their logs only once started (SLURM)
             logs = self.job.log_paths()
             self.follow.set_paths(logs, [self.job.log_prefix(i) for i in range(len(logs))])
-        while True:
-            self.follow.pump()
-            self._events()
-            code = self.job.poll()
-            if code is not None:
-                return code, False
-            if self._deadline_passed():
-                self.timed_out = self.in_flight().run_key()
-                _append_log(self.follow.paths, f"{DEADLINE_MARK} of {self.timeout_s} s passed; ending the run\n",
-                            every=True)
-                self.job.cancel(self.kill_grace_s)
-                return None, True  # no exit code of its own: the runner ended it
-            time.sleep(POLL_S)
 
     def _may_retry(self) -> bool:
         first = self.configs[0]
@@ -449,7 +524,7 @@ class Launch:
         if cfg is None:
             return
         began = cfg.run_key() in self.began
-        if not began and interrupted is None and self.ended:
+        if not began and interrupted is None and (self.ended or self.chunk):
             return  # the launch ended between two runs: the rest go to a fresh launch
         rec, marker = read_record(cfg), os.path.exists(os.path.join(cfg.run_dir(), records.PREEMPTED_NAME))
         if interrupted is not None:
@@ -534,7 +609,7 @@ class Launch:
     def _run_texts(self, cfg) -> list[tuple[str, str]]:
         """``(log path, this run's part of it)`` for every log of the launch: from the run's begin line (the
         launch's first run: from the log's start) through its end line, or to the end of the log."""
-        first = cfg is self.configs[0]
+        first = cfg is self.configs[0] and self.chunk == 0
         return [(path, slice_run(self.follow.attempt_text(index=i), cfg.run_key(), first))
                 for i, path in enumerate(self.follow.paths)]
 
@@ -562,10 +637,14 @@ class Launch:
             return
         cfg = self.configs[0]
         path = os.path.join(cfg.out_dir, cfg.study, records.LAUNCHES_NAME)
+        parts = self.done_chunks + [(len(self.configs), len(self.began),
+                                     sum(o.status == "ok" for o in self.ended.values()))]
         records.append_jsonl(path, records.LaunchRow(
             launch_id=self.launch_id, study=cfg.study, placement=cfg.placement, launcher=self.job.launcher,
-            n_planned=len(self.configs), n_began=len(self.began), n_ok=sum(o.status == "ok" for o in self.ended.values()),
-            started_at=records.iso(self.started_wall), duration_s=round(time.monotonic() - self.started, 3),
+            n_planned=sum(p[0] for p in parts), n_began=sum(p[1] for p in parts), n_ok=sum(p[2] for p in parts),
+            started_at=records.iso(self.started_wall),
+            duration_s=round(time.monotonic() - getattr(self, "launch_started", self.started), 3),
+            n_parts=self.chunk + 1, waiting_s=round(self.waiting_s, 3),
             exit_code=code, logs=list(self.follow.paths) if self.follow else []))
 
 

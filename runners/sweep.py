@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from kanlib import records
-from kanlib.config import ConfigError
+from kanlib.config import ConfigError, group_key
 from runners.command import check_environment
 from runners.group import groups_of, run_group
 from runners.launch import effective_launcher, make_job, read_record, refused
@@ -68,7 +68,8 @@ class SweepInterrupted(KeyboardInterrupt):
 
 def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | None = None,
               timeout_s: float | None = None, skip_done: bool = True, progress: bool = True,
-              stream_output: bool = False, max_restarts: int = 0, rerun_disturbed: bool = True) -> SweepResult:
+              stream_output: bool = False, max_restarts: int = 0, rerun_disturbed: bool = True,
+              keep_groups: bool | None = None) -> SweepResult:
     """Run each config (skipping those with an ok record already, when ``skip_done``), round by round in worker
     groups, carry on past failures, and report them at the end. ``stream_output`` echoes the runs' output to
     stdout. ``timeout_s`` is each run's deadline (a launch's first run counts its start-up); ``max_restarts`` is
@@ -76,7 +77,10 @@ def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | N
     (:func:`kanlib.records.disturbance`) is run once more at the end of its round; its first record is kept in
     ``<run_dir>/attempts/`` and named by the new one (``earlier_attempts``). SIGTERM to the sweep (or Ctrl-C)
     stops the run in flight gracefully (it checkpoints and is recorded as preempted) and raises
-    :class:`SweepInterrupted` (KeyboardInterrupt for Ctrl-C)."""
+    :class:`SweepInterrupted` (KeyboardInterrupt for Ctrl-C). ``keep_groups``: a placement's worker group waits
+    (holding no CPU) while the other placements run their part of a round and runs its part of every round, so a
+    sweep makes one launch per placement, not one per placement and round (default: on for the local and
+    multinode launchers; off on SLURM, where a waiting job step would hold the allocation's nodes)."""
     from tqdm.auto import tqdm
 
     opts = dict(launcher_opts or {})
@@ -87,8 +91,10 @@ def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | N
             return run_sweep_in_allocation(configs, launcher_opts=opts, timeout_s=timeout_s, skip_done=skip_done,
                                            max_restarts=max_restarts, stream_output=stream_output,
                                            rerun_disturbed=rerun_disturbed)
-    t0 = time.monotonic()
-    sweep = _Sweep(launcher, opts, timeout_s, None if stream_output else False, max_restarts)
+    t0, started_at = time.monotonic(), records.now_iso()
+    if keep_groups is None:
+        keep_groups = launcher in ("local", "multinode")
+    sweep = _Sweep(launcher, opts, timeout_s, None if stream_output else False, max_restarts, keep_groups)
     with _sigterm_interrupts(), sweep:
         todo = sweep.skip_done(_unique(configs)) if skip_done else _unique(configs)
         sweep.bar = tqdm(total=len(configs), initial=len(configs) - len(todo), desc="sweep", unit="run",
@@ -99,8 +105,10 @@ def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | N
             if rerun_disturbed:
                 sweep.rerun_disturbed(round_cfgs)
         sweep.run_deferred()
+        sweep.close_groups()
         sweep.bar.close()
     result = sweep.result(configs)
+    _log_sweep(configs, result, sweep, launcher, started_at, time.monotonic() - t0)
     print(f"sweep: {len(result.records)} ok ({result.skipped} already done), {len(result.failures)} failed, "
           f"{sweep.launches} launches, {time.monotonic() - t0:.1f} s"
           + (f"; {result.rerun} disturbed run(s) run again, {result.disturbed} still disturbed"
@@ -113,8 +121,10 @@ def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | N
 class _Sweep:
     """The state of one sweep: the locks it holds, what ended, what another process holds."""
 
-    def __init__(self, launcher: str, opts: dict, timeout_s, echo, max_restarts: int):
+    def __init__(self, launcher: str, opts: dict, timeout_s, echo, max_restarts: int, keep_groups: bool = False):
         self.launcher, self.opts, self.timeout_s, self.echo = launcher, opts, timeout_s, echo
+        self.keep_groups = keep_groups
+        self.waiting: dict = {}  # group key -> its launch, waiting for its part of the next round
         self.max_restarts = max_restarts
         self.locks: dict[str, RunLock] = {}
         self.records: dict[str, dict] = {}
@@ -129,6 +139,7 @@ class _Sweep:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.close_groups()
         for lock in self.locks.values():
             lock.release()
         self.locks.clear()
@@ -182,8 +193,14 @@ class _Sweep:
             self.launches += 1
             return make_job(first, launcher, self.opts, self.max_restarts, plan=plan)
 
-        for out in run_group(mine, job, timeout_s=self.timeout_s, echo=self.echo, on_end=self._ended,
-                             retries=3 if launcher == "local" else 0):
+        key = group_key(mine[0])
+        outcomes, waiting = run_group(mine, job, timeout_s=self.timeout_s, echo=self.echo, on_end=self._ended,
+                                      retries=3 if launcher == "local" else 0,
+                                      keep_open=self.keep_groups and launcher != "slurm",
+                                      reuse=self.waiting.pop(key, None))
+        if waiting is not None:
+            self.waiting[key] = waiting
+        for out in outcomes:
             if out.status == "ok":
                 self.records[out.cfg.run_key()] = out.record
                 self.failures.pop(out.cfg.run_key(), None)
@@ -212,6 +229,12 @@ class _Sweep:
             self.bar.refresh()
         for group in groups_of(again):
             self.run(group)
+
+    def close_groups(self) -> None:
+        """Let every waiting worker group leave (the sweep is over, or interrupted)."""
+        while self.waiting:
+            _, launch = self.waiting.popitem()
+            launch.close()
 
     def _ended(self, cfg) -> None:
         lock = self.locks.pop(cfg.run_key(), None)
@@ -254,6 +277,23 @@ class _Sweep:
             elif key in self.failures:
                 res.failures.append((cfg, self.failures[key]))
         return res
+
+
+def _log_sweep(configs: list, result: SweepResult, sweep: _Sweep, launcher: str, started_at: str,
+               duration_s: float) -> None:
+    """One line per sweep and study folder in ``<study>/sweeps.jsonl`` (kanlib.records.SweepRow)."""
+    by: dict = {}
+    for c in _unique(configs):
+        by.setdefault((c.out_dir, c.study), []).append(c.run_key())
+    ok = {r.get("run_key") for r in result.records}
+    failed = {c.run_key() for c, _ in result.failures}
+    for (out_dir, study), keys in by.items():
+        with contextlib.suppress(OSError):
+            records.append_jsonl(os.path.join(out_dir, study, records.SWEEPS_NAME), records.SweepRow(
+                study=study, started_at=started_at, duration_s=round(duration_s, 3), n_runs=len(keys),
+                n_ok=sum(k in ok for k in keys), n_failed=sum(k in failed for k in keys),
+                n_skipped=result.skipped if len(by) == 1 else 0, n_launches=sweep.launches if len(by) == 1 else 0,
+                n_rerun=result.rerun if len(by) == 1 else 0, launcher=launcher))
 
 
 def _unique(configs: list) -> list:

@@ -11,6 +11,7 @@ import torch
 
 from kanlib import records
 from runhelp import final_params, manifest_rows, tiny
+from kanlib.records import read_jsonl
 from runners.sweep import run_sweep
 
 pytestmark = [pytest.mark.usefixtures("no_process_left"), pytest.mark.slow]
@@ -90,18 +91,48 @@ def test_a_run_past_its_deadline_times_out_alone(tmp_path):
     assert [r["status"] for r in manifest_rows(a)] == ["ok", "timeout", "ok"]
 
 
-def test_rounds_run_every_point_before_the_next_repeat_one_launch_per_placement_and_round(tmp_path):
+@pytest.mark.parametrize("keep_groups", [True, False])
+def test_rounds_run_every_point_before_the_next_repeat(tmp_path, keep_groups):
+    """Kept groups: one launch per placement serves every round (it waits between its parts); without: one launch
+    per placement and round. Either way every point's repeat 0 ends before any repeat 1 starts."""
     configs = [tiny(tmp_path, nproc_per_node=p, seed=s, repeat=r, steps=6)
                for r in range(2) for p in (1, 2) for s in (1, 2)]
     res = run_sweep(list(reversed(configs)), progress=False, rerun_disturbed=False,  # the order given does not matter
-                    timeout_s=120)
-    assert res.ok and res.launches == 4
+                    timeout_s=120, keep_groups=keep_groups)
     rows = launches(configs[0])
-    assert [(row["placement"], row["n_ok"]) for row in rows] == [("1x2", 2), ("1x1", 2)] * 2
-    recs = sorted(res.records, key=lambda r: r["started_at"])
-    assert [r["repeat"] for r in recs] == [0] * 4 + [1] * 4
-    assert max(r["finished_at"] for r in recs if r["repeat"] == 0) <= min(r["started_at"] for r in recs
-                                                                            if r["repeat"] == 1)
+    if keep_groups:
+        assert res.ok and res.launches == 2
+        assert sorted((row["placement"], row["n_ok"], row["n_parts"]) for row in rows) == [("1x1", 4, 2),
+                                                                                          ("1x2", 4, 2)]
+        assert all(row["exit_code"] == 0 and row["waiting_s"] > 0 for row in rows)
+    else:
+        assert res.ok and res.launches == 4
+        assert [(row["placement"], row["n_ok"], row["n_parts"]) for row in rows] == [("1x2", 2, 1), ("1x1", 2, 1)] * 2
+    repeat_of = {c.run_key(): c.repeat for c in configs}
+    events = sorted((e for row in rows for e in read_jsonl(os.path.join(
+        str(tmp_path), configs[0].study, "launches", row["launch_id"], "events.jsonl"))), key=lambda e: e["at"])
+    assert [repeat_of[e["run_key"]] for e in events if e["event"] == "begin"] == [0] * 4 + [1] * 4
+    assert (max(e["at"] for e in events if e["event"] == "end" and repeat_of[e["run_key"]] == 0)
+            < min(e["at"] for e in events if e["event"] == "begin" and repeat_of[e["run_key"]] == 1))
+    recs = res.records
+    assert sorted(r["runs_before_in_launch"] for r in recs) == ([0, 0, 1, 1, 2, 2, 3, 3] if keep_groups
+                                                                else [0, 0, 0, 0, 1, 1, 1, 1])
+    [sweep_row] = read_jsonl(os.path.join(str(tmp_path), configs[0].study, records.SWEEPS_NAME))
+    assert sweep_row["n_launches"] == res.launches and sweep_row["n_ok"] == 8 and sweep_row["duration_s"] > 0
+
+
+def test_a_group_killed_while_it_waits_is_replaced_by_a_fresh_one(tmp_path, monkeypatch):
+    """A kept group whose processes die between two rounds (here: killed as its second part begins, before the
+    run) does not take the next round's runs down with it: a fresh launch runs them."""
+    configs = [tiny(tmp_path, nproc_per_node=2, seed=s, repeat=r, steps=6) for r in range(2) for s in (1, 2)]
+    monkeypatch.setenv("KANLIB_FAULT", f"kill@0:-1#{configs[2].run_key()[-10:]}")
+    res = run_sweep(configs, progress=False, rerun_disturbed=False, timeout_s=120)
+    assert res.ok, res.failures
+    rows = launches(configs[0])
+    assert len(rows) == 2 and res.launches == 2
+    assert {r["run_key"] for r in res.records} == {c.run_key() for c in configs}
+    assert sorted(row["n_ok"] for row in rows) == [2, 2]
+    assert all(r["status"] == "ok" for r in manifest_rows(configs[0]))  # the run that never began has no row
 
 
 def test_peak_memory_is_each_runs_own_in_a_group(tmp_path):
