@@ -672,6 +672,179 @@ def transfer_waiting_by_placement(table: pd.DataFrame) -> pd.DataFrame:
     return g
 
 
+# -- stragglers, shared-host contention and leave-one-out parity ------------------------------------------
+STEP_MARGIN = 0.10
+"""Median |leave-one-out error| of the predicted DDP step time the model must stay within to be used."""
+EXPOSED_MARGIN = 0.25
+"""Median |leave-one-out error| of the predicted exposed communication the model must stay within."""
+
+
+def _same_repeat(noop: pd.DataFrame, r) -> pd.DataFrame:
+    """The no-op twins run with the same repeat as ``r`` (the same round of the sweep, so the same load on a
+    shared machine), else all of them."""
+    if "repeat" in noop and r.get("repeat") is not None:
+        same = noop[noop["repeat"] == r.get("repeat")]
+        if len(same):
+            return same
+    return noop
+
+
+def _straggler_terms(point: dict, r, noop: pd.DataFrame, fits: dict, quantile: float) -> dict:
+    """The fit-free terms of one timed run: the slowest of W ranks from its no-op twins' per-rank times, the
+    transfer backward does not hide, and the measured exposure and waiting."""
+    from kanlib.analysis import straggler
+
+    twins = _same_repeat(noop, r)
+    placement = f"{int(r['nnodes'])}x{int(r['nproc_per_node'])}"
+    w = int(r["nnodes"]) * int(r["nproc_per_node"])
+    rt = straggler.rank_times(twins, placement)
+    m_w, est = rt.max_step_s(w, quantile)
+    e_max, _ = rt.expected_max_s(w)
+    t_noop = float(np.median(twins["step_time_s"].to_numpy(float)))
+    bwd = float(np.median(twins["backward_s"].to_numpy(float))) if "backward_s" in twins else math.nan
+    pred = _predict_run(r, fits, bwd)
+    comm = r.get("comm_total_s")
+    comm = float(comm) if comm is not None and comm == comm else math.nan
+    step = float(r["step_time_s"])
+    return {**{k: point.get(k) for k in point}, "run_key": r.get("run_key"), "repeat": r.get("repeat"),
+            "placement": placement, "world_size": w, "t_noop_s": t_noop, "backward_noop_s": bwd,
+            "slowest_rank_s": m_w, "straggler_lag_s": e_max - float(np.mean(rt.samples)),
+            "rank_cv": float(np.std(rt.samples) / np.mean(rt.samples)), "estimator": est,
+            "compute_source": f"no-op twin at {placement}: {rt.source}", "step_time_s": step,
+            "exposed_s": step - t_noop, "comm_total_s": comm, "pred_transfer_s": pred["pred_transfer_s"],
+            "pred_exposed_transfer_s": pred["pred_exposed_s"],
+            "waiting_s": comm - pred["pred_transfer_s"], "waiting_share": (comm - pred["pred_transfer_s"]) / comm
+            if comm > 0 else math.nan, "fit": pred["fit"], "why": pred["why"]}
+
+
+def ddp_parity(records: pd.DataFrame, fits: dict[tuple, CollFit], quantile: float = 0.5) -> pd.DataFrame:
+    """Leave-one-out parity of the straggler model for every timed DDP run with a no-op twin.
+
+    The model of a synchronous DDP step at W ranks: ``(1 + gamma) * M_W + X``, where
+
+    - ``M_W`` (``slowest_rank_s``) is the median of the slowest of W ranks' compute
+      (:func:`kanlib.analysis.straggler.quantile_of_max` of the no-op twins' per-rank step times at the run's
+      placement, which already carry the contention of the processes sharing that host; the fitted lognormal
+      where the sample does not reach that quantile) - the median, because T is the median over steps;
+    - ``X`` (``pred_exposed_transfer_s``) is the transfer backward does not hide (:func:`overlap` of the run's
+      buckets with the link fit, as :func:`validate_ddp`);
+    - ``gamma`` (``contention``) is how much a step with real communication slows compute beside the no-op twin
+      (communication threads sharing the cores, memory bandwidth), fitted on the *other* timed runs of the same
+      backend and device, without the run it predicts: relative least squares of ``T - X - M_W = gamma M_W``
+      (at least 0; 0 when there is no other run).
+
+    The hook's waiting (``comm_total_s`` minus the benchmark's transfer) is predicted as ``(1 + gamma) * lag + omega``:
+    ``lag`` = E[slowest of W] - E[one rank] (``straggler_lag_s``) and ``omega`` the median over the other runs of what
+    waiting that leaves. Columns: measured ``step_time_s``, ``exposed_s = T - T_noop``, ``waiting_share``; predicted
+    ``pred_step_time_s``, ``pred_exposed_s = pred_step_time_s - T_noop``, ``pred_waiting_share``; ``step_rel_err``,
+    ``exposed_rel_err`` (NaN when the measured exposure is not positive), ``waiting_share_err`` (points);
+    ``contention``, ``omega_s``, ``n_fit`` (the runs each prediction was fitted on), ``estimator``,
+    ``compute_source``, ``why`` when there is no prediction.
+    """
+    rows = [_straggler_terms(point, r, noop, fits, quantile)
+            for point, timed, noop in _twins(records) for _, r in timed.iterrows()]
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    ok = np.isfinite(out["pred_exposed_transfer_s"].to_numpy(float))
+    gamma_j = (out["step_time_s"] - out["pred_exposed_transfer_s"]) / out["slowest_rank_s"] - 1.0
+    keys = [c for c in ("backend", "device") if c in out]
+    group = out[keys].astype(str).agg("/".join, axis=1) if keys else pd.Series("", index=out.index)
+    pred_step, pred_wait, gam, omg, nfit = [], [], [], [], []
+    for i in range(len(out)):
+        others = ok & (group == group.iloc[i]).to_numpy() & (np.arange(len(out)) != i)
+        g = _relative_lsq_gamma(out, gamma_j, others)
+        wj = out["waiting_s"] - (1 + g) * out["straggler_lag_s"]
+        wj_ok = others & np.isfinite(wj.to_numpy(float))
+        o = float(np.median(wj[wj_ok])) if wj_ok.any() else 0.0
+        gam.append(g)
+        omg.append(o)
+        nfit.append(int(others.sum()))
+        pred_step.append((1 + g) * out["slowest_rank_s"].iloc[i] + out["pred_exposed_transfer_s"].iloc[i])
+        pred_wait.append(max(0.0, (1 + g) * out["straggler_lag_s"].iloc[i] + o))
+    out["contention"], out["omega_s"], out["n_fit"] = gam, omg, nfit
+    out["pred_step_time_s"] = pred_step
+    out["pred_exposed_s"] = out["pred_step_time_s"] - out["t_noop_s"]
+    xfer = out["pred_transfer_s"]
+    out["pred_waiting_share"] = np.asarray(pred_wait) / (np.asarray(pred_wait) + xfer)
+    out["step_rel_err"] = (out["pred_step_time_s"] - out["step_time_s"]) / out["step_time_s"]
+    out["exposed_rel_err"] = np.where(out["exposed_s"] > 0, (out["pred_exposed_s"] - out["exposed_s"]) /
+                                      out["exposed_s"].where(out["exposed_s"] > 0), np.nan)
+    out["waiting_share_err"] = out["pred_waiting_share"] - out["waiting_share"]
+    return out
+
+
+def _relative_lsq_gamma(out: pd.DataFrame, gamma_j: pd.Series, use: np.ndarray) -> float:
+    """``gamma`` minimising the relative squared step-time error over the runs ``use``: with ``r_j = T_j - X_j -
+    M_j = gamma_j M_j``, ``gamma = sum(r_j M_j / T_j^2) / sum(M_j^2 / T_j^2)``, at least 0 (0 without runs)."""
+    if not use.any():
+        return 0.0
+    m = out["slowest_rank_s"].to_numpy(float)[use]
+    t = out["step_time_s"].to_numpy(float)[use]
+    r = gamma_j.to_numpy(float)[use] * m
+    return max(0.0, float(np.sum(r * m / t ** 2) / np.sum(m ** 2 / t ** 2)))
+
+
+@dataclass(frozen=True)
+class ModelValidation:
+    """How well the model predicts the DDP runs it was not fitted on (:func:`model_validation`): the median
+    |leave-one-out error| of the step time and of the exposed communication, and whether each is within its
+    margin. ``ok`` is False without any predicted run (a model never checked is not validated)."""
+
+    n_runs: int
+    step_median_abs_err: float
+    exposed_median_abs_err: float
+    waiting_share_median_abs_err: float
+    step_margin: float = STEP_MARGIN
+    exposed_margin: float = EXPOSED_MARGIN
+
+    @property
+    def step_ok(self) -> bool:
+        return self.n_runs > 0 and self.step_median_abs_err <= self.step_margin
+
+    @property
+    def exposed_ok(self) -> bool:
+        return self.n_runs > 0 and self.exposed_median_abs_err <= self.exposed_margin
+
+    @property
+    def ok(self) -> bool:
+        return self.step_ok and self.exposed_ok
+
+    @property
+    def sentence(self) -> str:
+        if not self.n_runs:
+            return "The model is not validated: no timed DDP run with a no-op twin to predict."
+        return (f"Leave-one-out over {self.n_runs} DDP runs: median |error| of the step time "
+                f"{self.step_median_abs_err:.0%} (margin {self.step_margin:.0%}: {'within' if self.step_ok else 'NOT within'}), "
+                f"of the exposed communication {self.exposed_median_abs_err:.0%} (margin {self.exposed_margin:.0%}: "
+                f"{'within' if self.exposed_ok else 'NOT within'}); waiting share off by "
+                f"{self.waiting_share_median_abs_err * 100:.0f} points (median).")
+
+    def as_dict(self) -> dict:
+        return {"n_runs": self.n_runs, "step_median_abs_err": self.step_median_abs_err,
+                "exposed_median_abs_err": self.exposed_median_abs_err,
+                "waiting_share_median_abs_err": self.waiting_share_median_abs_err, "step_margin": self.step_margin,
+                "exposed_margin": self.exposed_margin, "step_ok": self.step_ok, "exposed_ok": self.exposed_ok,
+                "ok": self.ok}
+
+
+def model_validation(parity_or_records: pd.DataFrame, fits: dict[tuple, CollFit] | None = None,
+                     step_margin: float = STEP_MARGIN, exposed_margin: float = EXPOSED_MARGIN) -> ModelValidation:
+    """The leave-one-out validation of the DDP model: pass :func:`ddp_parity`'s table, or the records and the
+    link fits to compute it. Guidance and extrapolation use the model only when ``.ok``."""
+    par = parity_or_records if fits is None else ddp_parity(parity_or_records, fits)
+    if fits is None and len(par) and "pred_step_time_s" not in par:
+        raise ValueError("parity_or_records: give ddp_parity's table, or records together with fits")
+    d = par[np.isfinite(pd.to_numeric(par.get("pred_step_time_s", pd.Series(dtype=float)), errors="coerce"))] \
+        if len(par) else par
+    if d.empty:
+        return ModelValidation(0, math.nan, math.nan, math.nan, step_margin, exposed_margin)
+    ws = d["waiting_share_err"].abs() if "waiting_share_err" in d else pd.Series(dtype=float)
+    return ModelValidation(int(len(d)), float(d["step_rel_err"].abs().median()),
+                           float(d["exposed_rel_err"].abs().median()),
+                           float(ws.median()) if ws.notna().any() else math.nan, step_margin, exposed_margin)
+
+
 # -- compute profiles and extrapolation ---------------------------------------------------------------------
 @dataclass
 class ComputeProfile:
