@@ -749,7 +749,7 @@ def ddp_parity(records: pd.DataFrame, fits: dict[tuple, CollFit], quantile: floa
     ok = np.isfinite(out["pred_exposed_transfer_s"].to_numpy(float))
     gamma_j = (out["step_time_s"] - out["pred_exposed_transfer_s"]) / out["slowest_rank_s"] - 1.0
     keys = [c for c in ("backend", "device") if c in out]
-    group = out[keys].astype(str).agg("/".join, axis=1) if keys else pd.Series("", index=out.index)
+    group = pd.Series(["/".join(str(r[k]) for k in keys) for _, r in out.iterrows()], index=out.index)
     pred_step, pred_wait, gam, omg, nfit = [], [], [], [], []
     for i in range(len(out)):
         others = ok & (group == group.iloc[i]).to_numpy() & (np.arange(len(out)) != i)
