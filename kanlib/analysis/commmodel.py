@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kanlib.analysis import straggler
 from kanlib.analysis.groups import hashable
 
 ALGOS = ("ring", "tree")
@@ -692,8 +693,6 @@ def _same_repeat(noop: pd.DataFrame, r) -> pd.DataFrame:
 def _straggler_terms(point: dict, r, noop: pd.DataFrame, fits: dict, quantile: float) -> dict:
     """The fit-free terms of one timed run: the slowest of W ranks from its no-op twins' per-rank times, the
     transfer backward does not hide, and the measured exposure and waiting."""
-    from kanlib.analysis import straggler
-
     twins = _same_repeat(noop, r)
     placement = f"{int(r['nnodes'])}x{int(r['nproc_per_node'])}"
     w = int(r["nnodes"]) * int(r["nproc_per_node"])
@@ -785,6 +784,16 @@ def _relative_lsq_gamma(out: pd.DataFrame, gamma_j: pd.Series, use: np.ndarray) 
     return max(0.0, float(np.sum(r * m / t ** 2) / np.sum(m ** 2 / t ** 2)))
 
 
+def fitted_contention(parity: pd.DataFrame) -> float:
+    """The contention :func:`ddp_parity` fits on all its runs (not leaving one out): for extrapolating with the
+    links and processes it was measured on. 0 without runs."""
+    if parity is None or parity.empty:
+        return 0.0
+    ok = np.isfinite(parity["pred_exposed_transfer_s"].to_numpy(float))
+    gamma_j = (parity["step_time_s"] - parity["pred_exposed_transfer_s"]) / parity["slowest_rank_s"] - 1.0
+    return _relative_lsq_gamma(parity, gamma_j, ok)
+
+
 @dataclass(frozen=True)
 class ModelValidation:
     """How well the model predicts the DDP runs it was not fitted on (:func:`model_validation`): the median
@@ -797,6 +806,8 @@ class ModelValidation:
     waiting_share_median_abs_err: float
     step_margin: float = STEP_MARGIN
     exposed_margin: float = EXPOSED_MARGIN
+    step_max_abs_err: float = math.nan
+    """The largest |leave-one-out error| of the step time (the extrapolation's band uses it)."""
 
     @property
     def step_ok(self) -> bool:
@@ -824,8 +835,8 @@ class ModelValidation:
         return {"n_runs": self.n_runs, "step_median_abs_err": self.step_median_abs_err,
                 "exposed_median_abs_err": self.exposed_median_abs_err,
                 "waiting_share_median_abs_err": self.waiting_share_median_abs_err, "step_margin": self.step_margin,
-                "exposed_margin": self.exposed_margin, "step_ok": self.step_ok, "exposed_ok": self.exposed_ok,
-                "ok": self.ok}
+                "exposed_margin": self.exposed_margin, "step_max_abs_err": self.step_max_abs_err,
+                "step_ok": self.step_ok, "exposed_ok": self.exposed_ok, "ok": self.ok}
 
 
 def model_validation(parity_or_records: pd.DataFrame, fits: dict[tuple, CollFit] | None = None,
@@ -842,7 +853,8 @@ def model_validation(parity_or_records: pd.DataFrame, fits: dict[tuple, CollFit]
     ws = d["waiting_share_err"].abs() if "waiting_share_err" in d else pd.Series(dtype=float)
     return ModelValidation(int(len(d)), float(d["step_rel_err"].abs().median()),
                            float(d["exposed_rel_err"].abs().median()),
-                           float(ws.median()) if ws.notna().any() else math.nan, step_margin, exposed_margin)
+                           float(ws.median()) if ws.notna().any() else math.nan, step_margin, exposed_margin,
+                           float(d["step_rel_err"].abs().max()))
 
 
 # -- compute profiles and extrapolation ---------------------------------------------------------------------
@@ -895,7 +907,8 @@ def placement_for(world_size: int, gpus_per_node: int) -> tuple[int, int]:
 
 def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, world_sizes, gpus_per_node: int = 8,
                     global_batch: int | None = None, local_batch: int | None = None, bucket_cap_mb: float = 25.0,
-                    first_bucket_mb: float | None = None, overlap_backward: bool = True) -> pd.DataFrame:
+                    first_bucket_mb: float | None = None, overlap_backward: bool = True, rank_sigma: float = 0.0,
+                    contention: float = 0.0) -> pd.DataFrame:
     """Predicted step time, speedup, efficiency and exposed communication at each world size.
 
     Strong scaling with ``global_batch`` (local batch = global / W) or weak scaling with
@@ -904,6 +917,11 @@ def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, worl
     ``model`` at the placement :func:`placement_for` gives; overlap with backward unless
     ``overlap_backward`` is False (then all communication is exposed). Efficiency is against one process:
     strong ``T(1) / (W T(W))``, weak ``T(1) / T(W)``.
+
+    Stragglers: the profile's compute is one rank's median; with ``rank_sigma`` > 0 each rank's compute is
+    lognormal around it (:class:`kanlib.analysis.straggler.LogNormal`) and a step at W > 1 waits for the median of the
+    slowest of W (``slowest_rank_s``), slowed by ``contention`` (the fraction :func:`ddp_parity` fits: communication
+    sharing the cores); ``rank_sigma = contention = 0`` is the optimistic bound without either.
     """
     if (global_batch is None) == (local_batch is None):
         raise ValueError("give exactly one of global_batch (strong scaling) and local_batch (weak scaling)")
@@ -914,15 +932,19 @@ def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, worl
         nn, pp = placement_for(w, gpus_per_node)
         lb = global_batch / w if global_batch is not None else local_batch
         compute = float(profile.step_s(n_params, lb))
+        slowest = compute
         if w > 1:
             t = model.time_s(np.asarray(buckets, float), nn, pp)
             bwd = profile.backward_fraction * compute if overlap_backward else 0.0
             ov = overlap(buckets, bwd, t)
+            if rank_sigma > 0 and compute > 0:
+                slowest = straggler.LogNormal(math.log(compute), float(rank_sigma)).quantile_of_max(w)
+            slowest *= 1.0 + float(contention)
         else:
             ov = {"transfer_s": 0.0, "exposed_s": 0.0}
         rows.append({"world_size": w, "nnodes": nn, "nproc_per_node": pp, "local_batch": lb, "compute_s": compute,
-                     "comm_s": ov["transfer_s"], "exposed_s": ov["exposed_s"],
-                     "step_time_s": compute + ov["exposed_s"]})
+                     "slowest_rank_s": slowest, "comm_s": ov["transfer_s"], "exposed_s": ov["exposed_s"],
+                     "step_time_s": slowest + ov["exposed_s"]})
     out = pd.DataFrame(rows)
     t1 = float(profile.step_s(n_params, global_batch if global_batch is not None else local_batch))
     if global_batch is not None:
@@ -940,21 +962,48 @@ def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, worl
 def extrapolation_table(models: dict[str, LinkModel], kan_sizes: dict[str, dict], profile: ComputeProfile,
                         bucket_caps_mb=(25.0,), max_world_size: int = 4096, gpus_per_node: int = 8,
                         global_batch: int | None = 65536, local_batch: int | None = None,
-                        first_bucket_mb: float | None = None) -> pd.DataFrame:
+                        first_bucket_mb: float | None = None, rank_sigma: float = 0.0,
+                        rank_sigma_interval: tuple[float, float] | None = None, contention: float = 0.0,
+                        loo_rel_err: float = 0.0) -> pd.DataFrame:
     """:func:`predict_scaling` for every model size x bucket size x algorithm, from 1 to ``max_world_size``.
 
     models: ``{algo name: LinkModel}``; kan_sizes: ``{name: {"widths": [...], "grid_size": G,
     "spline_order": k}}``. Strong scaling at ``global_batch``, or weak scaling at ``local_batch`` per
     process (then pass ``global_batch=None``). Long format: one row per (kan, algo, bucket_cap_mb, world_size).
+
+    With stragglers (``rank_sigma``, ``contention``: see :func:`predict_scaling`) ``efficiency`` is the straggler
+    model's and ``efficiency_bound`` the optimistic bound without stragglers or contention. The band
+    ``efficiency_lo`` / ``efficiency_hi`` (and ``step_time_s_lo`` / ``_hi``) spans the straggler spread's interval
+    ``rank_sigma_interval`` (default: ``rank_sigma`` itself) widened by ``loo_rel_err``, the model's relative
+    leave-one-out error of the step time (:func:`ddp_parity`): ``step_lo = T(sigma_lo) (1 - e)``, ``step_hi =
+    T(sigma_hi) (1 + e)``; ``efficiency_hi`` stops at the optimistic bound (stragglers and contention only slow).
     """
+    lo_s, hi_s = rank_sigma_interval or (rank_sigma, rank_sigma)
+    e = abs(float(loo_rel_err))
     parts = []
     for kname, spec in kan_sizes.items():
         pb = kan_param_bytes(spec["widths"], spec.get("grid_size", 5), spec.get("spline_order", 3),
                              spec.get("model", "kan"))
         for algo, m in models.items():
             for cap in bucket_caps_mb:
-                p = predict_scaling(m, profile, pb, powers_of_two(max_world_size), gpus_per_node, global_batch,
-                                    local_batch, bucket_cap_mb=float(cap), first_bucket_mb=first_bucket_mb)
+                kw = dict(bucket_cap_mb=float(cap), first_bucket_mb=first_bucket_mb)
+                ws = powers_of_two(max_world_size)
+                p = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, rank_sigma=rank_sigma,
+                                    contention=contention, **kw)
+                bound = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, **kw)
+                lo = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, rank_sigma=lo_s,
+                                     contention=contention, **kw)
+                hi = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, rank_sigma=hi_s,
+                                     contention=contention, **kw)
+                p["efficiency_bound"] = bound["efficiency"]
+                p["step_time_s_lo"] = lo["step_time_s"] * (1 - e)
+                p["step_time_s_hi"] = hi["step_time_s"] * (1 + e)
+                p.loc[p["world_size"] == 1, ["step_time_s_lo", "step_time_s_hi"]] = p.loc[p["world_size"] == 1,
+                                                                                          "step_time_s"]
+                p["efficiency_lo"] = p["efficiency"] * p["step_time_s"] / p["step_time_s_hi"]
+                # stragglers and contention only slow a step: the band stops at the optimistic bound
+                p["efficiency_hi"] = np.minimum(p["efficiency"] * p["step_time_s"] / p["step_time_s_lo"],
+                                                np.maximum(p["efficiency_bound"], p["efficiency"]))
                 p.insert(0, "kan", kname)
                 p.insert(1, "n_params", int(sum(pb) // 4))
                 p.insert(2, "algo", algo)
@@ -989,7 +1038,8 @@ def sizes_above(table: pd.DataFrame, target_efficiency: float = 0.8, world_size:
     """Rows of :func:`extrapolation_table` at ``world_size`` with ``above`` = efficiency >= target."""
     d = table[table["world_size"] == world_size].copy()
     d["above"] = d["efficiency"] >= target_efficiency
-    return d[["kan", "n_params", "algo", "bucket_cap_mb", "efficiency", "exposed_s", "step_time_s", "above"]]
+    extra = [c for c in ("efficiency_lo", "efficiency_hi", "efficiency_bound") if c in d]
+    return d[["kan", "n_params", "algo", "bucket_cap_mb", "efficiency", "exposed_s", "step_time_s", "above"] + extra]
 
 
 # -- helpers of the extrapolation ---------------------------------------------------------------------
