@@ -31,11 +31,21 @@ ready and the previous one is done; the exposed communication is what is left af
 timed run that has a no-op twin; :func:`transfer_waiting` splits each run's hook time into the
 transfer the benchmark predicts for its recorded buckets and the waiting for other ranks (skew).
 
+**Stragglers, contention, leave-one-out** (:func:`ddp_parity`, :func:`model_validation`,
+:class:`ModelValidation`, :func:`fitted_contention`, :data:`STEP_MARGIN`, :data:`EXPOSED_MARGIN`): a DDP step at W
+ranks is ``(1 + gamma) M_W + X`` - the median of the slowest of W ranks' compute (kanlib.analysis.straggler, from
+the no-op twins' per-rank step times at the run's placement), slowed by the contention ``gamma`` that real
+communication adds on shared cores, plus the transfer backward does not hide; ``gamma`` is fitted on the other
+runs, so every run is predicted by a model fitted without it. ``model_validation(ddp_parity(records, fits))`` (or
+``model_validation(records, fits)``) returns the median |leave-one-out error| of step and exposed communication
+and ``.ok`` when within 10% / 25%; guidance and extrapolation use the model only then.
+
 **Extrapolation** (:func:`predict_scaling`, :func:`extrapolation_table`, :func:`ring_tree_crossover`,
 :func:`sizes_above`): step time, efficiency and exposed communication from 1 to thousands of GPUs for
-a compute profile (:class:`ComputeProfile`, measured or a preset of kanlib.analysis.presets). It ignores
-stragglers, congestion and contention between the P processes of a node sharing its network: read
-it as an optimistic bound.
+a compute profile (:class:`ComputeProfile`, measured or a preset of kanlib.analysis.presets). With ``rank_sigma``
+and ``contention`` a step waits for the slowest of N ranks; ``extrapolation_table`` adds the band
+(``efficiency_lo``/``_hi``) and the optimistic bound without either (``efficiency_bound``). Neither has
+congestion or the P processes of a node sharing its network.
 
 pandas and numpy only: no torch import.
 """
