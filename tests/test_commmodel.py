@@ -457,6 +457,7 @@ def test_leave_one_out_parity_recovers_contention_and_reports_its_validation(tmp
     par = cm.ddp_parity(runs, fits)
     assert len(par) == 8 and (par["n_fit"] == 7).all()  # each run predicted by a fit on the other seven
     assert par["contention"].to_numpy() == pytest.approx([0.4] * 8, rel=1e-6)
+    assert par["sync_s"].abs().max() < 1e-9 and par["per_bucket_s"].abs().max() < 1e-9  # nothing else injected
     assert par["step_rel_err"].abs().max() < 1e-6 and par["exposed_rel_err"].abs().max() < 1e-6
     v = cm.model_validation(par)
     assert v.ok and v.n_runs == 8 and v.sentence.startswith("Leave-one-out over 8 DDP runs")

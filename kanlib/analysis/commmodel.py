@@ -33,10 +33,10 @@ transfer the benchmark predicts for its recorded buckets and the waiting for oth
 
 **Stragglers, contention, leave-one-out** (:func:`ddp_parity`, :func:`model_validation`,
 :class:`ModelValidation`, :func:`fitted_contention`, :data:`STEP_MARGIN`, :data:`EXPOSED_MARGIN`): a DDP step at W
-ranks is ``(1 + gamma) M_W + X`` - the median of the slowest of W ranks' compute (kanlib.analysis.straggler, from
-the no-op twins' per-rank step times at the run's placement), slowed by the contention ``gamma`` that real
-communication adds on shared cores, plus the transfer backward does not hide; ``gamma`` is fitted on the other
-runs, so every run is predicted by a model fitted without it. ``model_validation(ddp_parity(records, fits))`` (or
+ranks is ``(1 + gamma) M_W + sync_s + per_bucket_s n_buckets + X`` - the median of the slowest of W ranks' compute
+(kanlib.analysis.straggler, from the no-op twins' per-rank step times at the run's placement), slowed by the
+contention that real communication adds on shared cores (:data:`CONTENTION_TERMS`), plus the transfer backward does
+not hide; the contention is fitted on the other runs, so every run is predicted by a model fitted without it. ``model_validation(ddp_parity(records, fits))`` (or
 ``model_validation(records, fits)``) returns the median |leave-one-out error| of step and exposed communication
 and ``.ok`` when within 10% / 25%; guidance and extrapolation use the model only then.
 
@@ -720,6 +720,7 @@ def _straggler_terms(point: dict, r, noop: pd.DataFrame, fits: dict, quantile: f
             "slowest_rank_s": m_w, "straggler_lag_s": e_max - float(np.mean(rt.samples)),
             "rank_cv": float(np.std(rt.samples) / np.mean(rt.samples)), "estimator": est,
             "compute_source": f"no-op twin at {placement}: {rt.source}", "step_time_s": step,
+            "n_buckets": len(r["bucket_bytes"]) if isinstance(r.get("bucket_bytes"), (list, tuple)) else 0,
             "exposed_s": step - t_noop, "comm_total_s": comm, "pred_transfer_s": pred["pred_transfer_s"],
             "pred_exposed_transfer_s": pred["pred_exposed_s"],
             "waiting_s": comm - pred["pred_transfer_s"], "waiting_share": (comm - pred["pred_transfer_s"]) / comm
@@ -729,7 +730,8 @@ def _straggler_terms(point: dict, r, noop: pd.DataFrame, fits: dict, quantile: f
 def ddp_parity(records: pd.DataFrame, fits: dict[tuple, CollFit], quantile: float = 0.5) -> pd.DataFrame:
     """Leave-one-out parity of the straggler model for every timed DDP run with a no-op twin.
 
-    The model of a synchronous DDP step at W ranks: ``(1 + gamma) * M_W + X``, where
+    The model of a synchronous DDP step at W ranks: ``(1 + gamma) * M_W + sync_s + per_bucket_s * n_buckets + X``,
+    where
 
     - ``M_W`` (``slowest_rank_s``) is the median of the slowest of W ranks' compute
       (:func:`kanlib.analysis.straggler.quantile_of_max` of the no-op twins' per-rank step times at the run's
@@ -737,17 +739,19 @@ def ddp_parity(records: pd.DataFrame, fits: dict[tuple, CollFit], quantile: floa
       where the sample does not reach that quantile) - the median, because T is the median over steps;
     - ``X`` (``pred_exposed_transfer_s``) is the transfer backward does not hide (:func:`overlap` of the run's
       buckets with the link fit, as :func:`validate_ddp`);
-    - ``gamma`` (``contention``) is how much a step with real communication slows compute beside the no-op twin
-      (communication threads sharing the cores, memory bandwidth), fitted on the *other* timed runs of the same
-      backend and device, without the run it predicts: relative least squares of ``T - X - M_W = gamma M_W``
-      (at least 0; 0 when there is no other run).
+    - ``gamma`` (``contention``), ``sync_s`` and ``per_bucket_s`` are what a step with real communication costs
+      beyond the no-op twin's compute on shared cores (communication threads competing with compute, a rank woken
+      late after each wait; per step and per bucket all-reduced), fitted on the *other* timed runs of the same
+      backend and device, without the run it predicts: non-negative least squares of
+      ``T - X - M_W = gamma M_W + sync_s + per_bucket_s n_buckets`` (all 0 when there is no other run).
 
     The hook's waiting (``comm_total_s`` minus the benchmark's transfer) is predicted as ``(1 + gamma) * lag + omega``:
     ``lag`` = E[slowest of W] - E[one rank] (``straggler_lag_s``) and ``omega`` the median over the other runs of what
     waiting that leaves. Columns: measured ``step_time_s``, ``exposed_s = T - T_noop``, ``waiting_share``; predicted
     ``pred_step_time_s``, ``pred_exposed_s = pred_step_time_s - T_noop``, ``pred_waiting_share``; ``step_rel_err``,
     ``exposed_rel_err`` (NaN when the measured exposure is not positive), ``waiting_share_err`` (points);
-    ``contention``, ``omega_s``, ``n_fit`` (the runs each prediction was fitted on), ``estimator``,
+    ``contention``, ``sync_s``, ``per_bucket_s``, ``omega_s``, ``n_fit`` (the runs each prediction was fitted on),
+    ``estimator``,
     ``compute_source``, ``why`` when there is no prediction.
     """
     rows = [_straggler_terms(point, r, noop, fits, quantile)
@@ -756,22 +760,23 @@ def ddp_parity(records: pd.DataFrame, fits: dict[tuple, CollFit], quantile: floa
     if out.empty:
         return out
     ok = np.isfinite(out["pred_exposed_transfer_s"].to_numpy(float))
-    gamma_j = (out["step_time_s"] - out["pred_exposed_transfer_s"]) / out["slowest_rank_s"] - 1.0
     keys = [c for c in ("backend", "device") if c in out]
     group = pd.Series(["/".join(str(r[k]) for k in keys) for _, r in out.iterrows()], index=out.index)
-    pred_step, pred_wait, gam, omg, nfit = [], [], [], [], []
+    pred_step, pred_wait, terms, omg, nfit = [], [], [], [], []
     for i in range(len(out)):
         others = ok & (group == group.iloc[i]).to_numpy() & (np.arange(len(out)) != i)
-        g = _relative_lsq_gamma(out, gamma_j, others)
-        wj = out["waiting_s"] - (1 + g) * out["straggler_lag_s"]
+        t = _fit_contention(out, others)
+        wj = out["waiting_s"] - (1 + t["contention"]) * out["straggler_lag_s"]
         wj_ok = others & np.isfinite(wj.to_numpy(float))
         o = float(np.median(wj[wj_ok])) if wj_ok.any() else 0.0
-        gam.append(g)
+        terms.append(t)
         omg.append(o)
         nfit.append(int(others.sum()))
-        pred_step.append((1 + g) * out["slowest_rank_s"].iloc[i] + out["pred_exposed_transfer_s"].iloc[i])
-        pred_wait.append(max(0.0, (1 + g) * out["straggler_lag_s"].iloc[i] + o))
-    out["contention"], out["omega_s"], out["n_fit"] = gam, omg, nfit
+        pred_step.append(_contended(out.iloc[i], t) + out["pred_exposed_transfer_s"].iloc[i])
+        pred_wait.append(max(0.0, (1 + t["contention"]) * out["straggler_lag_s"].iloc[i] + o))
+    for k in CONTENTION_TERMS:
+        out[k] = [t[k] for t in terms]
+    out["omega_s"], out["n_fit"] = omg, nfit
     out["pred_step_time_s"] = pred_step
     out["pred_exposed_s"] = out["pred_step_time_s"] - out["t_noop_s"]
     xfer = out["pred_transfer_s"]
@@ -783,25 +788,36 @@ def ddp_parity(records: pd.DataFrame, fits: dict[tuple, CollFit], quantile: floa
     return out
 
 
-def _relative_lsq_gamma(out: pd.DataFrame, gamma_j: pd.Series, use: np.ndarray) -> float:
-    """``gamma`` minimising the relative squared step-time error over the runs ``use``: with ``r_j = T_j - X_j -
-    M_j = gamma_j M_j``, ``gamma = sum(r_j M_j / T_j^2) / sum(M_j^2 / T_j^2)``, at least 0 (0 without runs)."""
+CONTENTION_TERMS = ("contention", "sync_s", "per_bucket_s")
+"""The fitted terms of shared-host contention (:func:`ddp_parity`): a fraction of the slowest rank's compute, seconds
+per synchronised step, seconds per bucket all-reduced during backward."""
+
+
+def _contended(row, terms: dict) -> float:
+    """The slowest rank's compute of a synchronised step with contention: ``(1 + gamma) M_W + sync_s + per_bucket_s
+    * n_buckets``."""
+    return ((1 + terms["contention"]) * float(row["slowest_rank_s"]) + terms["sync_s"]
+            + terms["per_bucket_s"] * float(row["n_buckets"]))
+
+
+def _fit_contention(out: pd.DataFrame, use: np.ndarray) -> dict:
+    """:data:`CONTENTION_TERMS` fitted on the runs ``use`` by non-negative least squares of what the slowest rank and
+    the exposed transfer leave, ``T - X - M_W = gamma M_W + sync_s + per_bucket_s n_buckets`` (all 0 without runs)."""
     if not use.any():
-        return 0.0
+        return dict.fromkeys(CONTENTION_TERMS, 0.0)
     m = out["slowest_rank_s"].to_numpy(float)[use]
-    t = out["step_time_s"].to_numpy(float)[use]
-    r = gamma_j.to_numpy(float)[use] * m
-    return max(0.0, float(np.sum(r * m / t ** 2) / np.sum(m ** 2 / t ** 2)))
+    nb = out["n_buckets"].to_numpy(float)[use]
+    y = (out["step_time_s"] - out["pred_exposed_transfer_s"] - out["slowest_rank_s"]).to_numpy(float)[use]
+    c = nnls(np.stack([m, np.ones_like(m), nb], axis=1), y)
+    return dict(zip(CONTENTION_TERMS, (float(v) for v in c)))
 
 
-def fitted_contention(parity: pd.DataFrame) -> float:
-    """The contention :func:`ddp_parity` fits on all its runs (not leaving one out): for extrapolating with the
-    links and processes it was measured on. 0 without runs."""
+def fitted_contention(parity: pd.DataFrame) -> dict:
+    """The contention terms (:data:`CONTENTION_TERMS`) :func:`ddp_parity` fits on all its runs (not leaving one out):
+    for extrapolating with the links and processes they were measured on. All 0 without runs."""
     if parity is None or parity.empty:
-        return 0.0
-    ok = np.isfinite(parity["pred_exposed_transfer_s"].to_numpy(float))
-    gamma_j = (parity["step_time_s"] - parity["pred_exposed_transfer_s"]) / parity["slowest_rank_s"] - 1.0
-    return _relative_lsq_gamma(parity, gamma_j, ok)
+        return dict.fromkeys(CONTENTION_TERMS, 0.0)
+    return _fit_contention(parity, np.isfinite(parity["pred_exposed_transfer_s"].to_numpy(float)))
 
 
 @dataclass(frozen=True)
@@ -918,7 +934,7 @@ def placement_for(world_size: int, gpus_per_node: int) -> tuple[int, int]:
 def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, world_sizes, gpus_per_node: int = 8,
                     global_batch: int | None = None, local_batch: int | None = None, bucket_cap_mb: float = 25.0,
                     first_bucket_mb: float | None = None, overlap_backward: bool = True, rank_sigma: float = 0.0,
-                    contention: float = 0.0) -> pd.DataFrame:
+                    contention: float = 0.0, sync_s: float = 0.0, per_bucket_s: float = 0.0) -> pd.DataFrame:
     """Predicted step time, speedup, efficiency and exposed communication at each world size.
 
     Strong scaling with ``global_batch`` (local batch = global / W) or weak scaling with
@@ -930,8 +946,9 @@ def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, worl
 
     Stragglers: the profile's compute is one rank's median; with ``rank_sigma`` > 0 each rank's compute is
     lognormal around it (:class:`kanlib.analysis.straggler.LogNormal`) and a step at W > 1 waits for the median of the
-    slowest of W (``slowest_rank_s``), slowed by ``contention`` (the fraction :func:`ddp_parity` fits: communication
-    sharing the cores); ``rank_sigma = contention = 0`` is the optimistic bound without either.
+    slowest of W (``slowest_rank_s``), slowed by the contention :func:`ddp_parity` fits (``contention`` a fraction,
+    ``sync_s`` per step, ``per_bucket_s`` per bucket: communication sharing the cores); all 0 is the optimistic
+    bound without either.
     """
     if (global_batch is None) == (local_batch is None):
         raise ValueError("give exactly one of global_batch (strong scaling) and local_batch (weak scaling)")
@@ -949,7 +966,7 @@ def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, worl
             ov = overlap(buckets, bwd, t)
             if rank_sigma > 0 and compute > 0:
                 slowest = straggler.LogNormal(math.log(compute), float(rank_sigma)).quantile_of_max(w)
-            slowest *= 1.0 + float(contention)
+            slowest = slowest * (1.0 + float(contention)) + float(sync_s) + float(per_bucket_s) * len(buckets)
         else:
             ov = {"transfer_s": 0.0, "exposed_s": 0.0}
         rows.append({"world_size": w, "nnodes": nn, "nproc_per_node": pp, "local_batch": lb, "compute_s": compute,
@@ -974,14 +991,14 @@ def extrapolation_table(models: dict[str, LinkModel], kan_sizes: dict[str, dict]
                         global_batch: int | None = 65536, local_batch: int | None = None,
                         first_bucket_mb: float | None = None, rank_sigma: float = 0.0,
                         rank_sigma_interval: tuple[float, float] | None = None, contention: float = 0.0,
-                        loo_rel_err: float = 0.0) -> pd.DataFrame:
+                        loo_rel_err: float = 0.0, sync_s: float = 0.0, per_bucket_s: float = 0.0) -> pd.DataFrame:
     """:func:`predict_scaling` for every model size x bucket size x algorithm, from 1 to ``max_world_size``.
 
     models: ``{algo name: LinkModel}``; kan_sizes: ``{name: {"widths": [...], "grid_size": G,
     "spline_order": k}}``. Strong scaling at ``global_batch``, or weak scaling at ``local_batch`` per
     process (then pass ``global_batch=None``). Long format: one row per (kan, algo, bucket_cap_mb, world_size).
 
-    With stragglers (``rank_sigma``, ``contention``: see :func:`predict_scaling`) ``efficiency`` is the straggler
+    With stragglers (``rank_sigma``, ``contention``, ``sync_s``, ``per_bucket_s``: see :func:`predict_scaling`) ``efficiency`` is the straggler
     model's and ``efficiency_bound`` the optimistic bound without stragglers or contention. The band
     ``efficiency_lo`` / ``efficiency_hi`` (and ``step_time_s_lo`` / ``_hi``) spans the straggler spread's interval
     ``rank_sigma_interval`` (default: ``rank_sigma`` itself) widened by ``loo_rel_err``, the model's relative
@@ -997,14 +1014,15 @@ def extrapolation_table(models: dict[str, LinkModel], kan_sizes: dict[str, dict]
         for algo, m in models.items():
             for cap in bucket_caps_mb:
                 kw = dict(bucket_cap_mb=float(cap), first_bucket_mb=first_bucket_mb)
+                ckw = dict(contention=contention, sync_s=sync_s, per_bucket_s=per_bucket_s)
                 ws = powers_of_two(max_world_size)
                 p = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, rank_sigma=rank_sigma,
-                                    contention=contention, **kw)
+                                    **ckw, **kw)
                 bound = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, **kw)
                 lo = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, rank_sigma=lo_s,
-                                     contention=contention, **kw)
+                                     **ckw, **kw)
                 hi = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, rank_sigma=hi_s,
-                                     contention=contention, **kw)
+                                     **ckw, **kw)
                 p["efficiency_bound"] = bound["efficiency"]
                 p["step_time_s_lo"] = lo["step_time_s"] * (1 - e)
                 p["step_time_s_hi"] = hi["step_time_s"] * (1 + e)

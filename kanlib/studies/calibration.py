@@ -192,7 +192,9 @@ def parity_table(parity: pd.DataFrame, link_only: pd.DataFrame | None = None) ->
         out["waiting share measured / predicted"] = [f"{fmt.pct1(a)} / {fmt.pct1(b)}" for a, b in
                                                      zip(parity["waiting_share"], parity["pred_waiting_share"])]
         out["slowest of W ranks (ms)"] = parity["slowest_rank_s"].map(fmt.ms)
-        out["contention (fitted without this run)"] = parity["contention"].map(fmt.signed_pct)
+        out["contention fitted without this run (compute / per step / per bucket)"] = [
+            f"{fmt.signed_pct(g)} / {fmt.ms(c)} ms / {fmt.ms(b)} ms" for g, c, b in
+            zip(parity["contention"], parity["sync_s"], parity["per_bucket_s"])]
         out["estimator"] = parity["estimator"]
     if link_only is not None and len(link_only) == len(parity):
         out["exposed, link model alone (ms)"] = link_only["pred_exposed_s"].map(fmt.ms).to_numpy()

@@ -136,9 +136,10 @@ def figure(table: pd.DataFrame, measured: pd.DataFrame | None = None, target: fl
     return fig
 
 
-def measured_points(ctx: Context, model, prof, rank_sigma: float = 0.0, contention: float = 0.0) -> pd.DataFrame:
+def measured_points(ctx: Context, model, prof, **straggler_kw) -> pd.DataFrame:
     """Measured strong-scaling efficiencies (N > 1) beside the model's prediction for the same widths,
-    global batch, bucket size and placement (KAN and MLP models only; with the straggler terms given)."""
+    global batch, bucket size and placement (KAN and MLP models only; ``straggler_kw``: predict_scaling's
+    ``rank_sigma``, ``contention``, ``sync_s``, ``per_bucket_s``)."""
     try:
         t = ctx.cached((strong_scaling.NAME, "table"),
                        lambda: strong_scaling.table(ctx.runs(strong_scaling.RECORDS).data))
@@ -156,8 +157,7 @@ def measured_points(ctx: Context, model, prof, rank_sigma: float = 0.0, contenti
             pb = commmodel.kan_param_bytes(s["widths"], int(s["grid_size"]), int(s["spline_order"]), s["model"])
             pred = commmodel.predict_scaling(model, prof, pb, [1, int(r["world_size"])], int(r["nproc_per_node"]),
                                              global_batch=int(s["global_batch"]),
-                                             bucket_cap_mb=float(s["bucket_cap_mb"]), rank_sigma=rank_sigma,
-                                             contention=contention)
+                                             bucket_cap_mb=float(s["bucket_cap_mb"]), **straggler_kw)
         except ValueError:
             continue
         rows.append({"label": f"{s['model']} {list(s['widths'])}, B={int(s['global_batch'])}",
@@ -350,15 +350,16 @@ def _stragglers(ctx: Context, fit) -> tuple[dict, list[str], object]:
     sigma, interval, spread_line = measured_spread(ctx)
     parity = calibration.ddp_parity(ctx)
     val = commmodel.model_validation(parity)
-    gamma = commmodel.fitted_contention(parity)
+    con = commmodel.fitted_contention(parity)
     err = val.step_max_abs_err if val.n_runs else 0.0
     lines = [f"Stragglers: {spread_line}; the slowest of N ranks from its lognormal fit.",
-             f"Contention: {gamma:+.0%} of compute when communication shares the cores (fitted on {val.n_runs} DDP "
-             f"runs)." if val.n_runs else "Contention: no DDP run with a no-op twin to fit it on (0).",
+             f"Contention when communication shares the cores (fitted on {val.n_runs} DDP runs at up to "
+             f"{int(parity['world_size'].max())} processes, carried to every N): {con['contention']:+.0%} of compute, "
+             f"{con['sync_s'] * 1e3:.3g} ms per step, {con['per_bucket_s'] * 1e3:.3g} ms per bucket."
+             if val.n_runs else "Contention: no DDP run with a no-op twin to fit it on (0).",
              val.sentence + (f" The band adds the largest leave-one-out step error ({err:.0%})." if val.n_runs else
                              " The band is the straggler spread's alone.")]
-    return ({"rank_sigma": sigma, "rank_sigma_interval": interval, "contention": gamma, "loo_rel_err": err},
-            lines, val)
+    return ({"rank_sigma": sigma, "rank_sigma_interval": interval, "loo_rel_err": err, **con}, lines, val)
 
 
 def _describe(a: StudyAnalysis, ctx: Context, t: Table, models: dict, prof, fit, args: dict, gpn: int,
@@ -369,7 +370,7 @@ def _describe(a: StudyAnalysis, ctx: Context, t: Table, models: dict, prof, fit,
     a.extra.update(table=table, models=models, profile=prof, gpus_per_node=gpn)
     skw = a.extra.get("stragglers") or {}
     measured = measured_points(ctx, models.get("ring") or next(iter(models.values())), prof,
-                               skw.get("rank_sigma", 0.0), skw.get("contention", 0.0)) \
+                               **{k: v for k, v in skw.items() if k in ("rank_sigma",) + commmodel.CONTENTION_TERMS}) \
         if fit is not None else pd.DataFrame()
     a.add_figure("efficiency", figure(table, measured, target), (
         f"Predicted strong-scaling efficiency and exposed communication share, 1 to {max_n} GPUs "
