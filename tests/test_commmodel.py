@@ -424,7 +424,8 @@ def _contended_records(root, gamma=0.4, sigma=0.2, noise=0.0, seed=0):
                                ((1, 2), 0.0, 0.012)):
         for r in range(2):
             # the emulated run's no-op twin is the plain run's at the same placement and repeat: the same draws
-            x = med * (1 + 0.2 * r) * np.exp(sigma * np.random.default_rng((seed, nn, int(med * 1e4), r)).standard_normal(200))
+            z = np.random.default_rng((seed, nn, int(med * 1e4), r)).standard_normal(200)
+            x = med * (1 + 0.2 * r) * np.exp(sigma * z)
             common = dict(study="communication", world_size=nn * pp, nnodes=nn, nproc_per_node=pp, global_batch=64,
                           bucket_cap_mb=0.5 if med < 0.01 else 1.0, n_params=500_000, backend="gloo", device="cpu",
                           repeat=r, widths=[2, 8, 1], grid_size=3)

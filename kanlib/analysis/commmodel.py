@@ -36,8 +36,8 @@ transfer the benchmark predicts for its recorded buckets and the waiting for oth
 ranks is ``(1 + gamma) M_W + sync_s + per_bucket_s n_buckets + X`` - the median of the slowest of W ranks' compute
 (kanlib.analysis.straggler, from the no-op twins' per-rank step times at the run's placement), slowed by the
 contention that real communication adds on shared cores (:data:`CONTENTION_TERMS`), plus the transfer backward does
-not hide; the contention is fitted on the other runs, so every run is predicted by a model fitted without it. ``model_validation(ddp_parity(records, fits))`` (or
-``model_validation(records, fits)``) returns the median |leave-one-out error| of step and exposed communication
+not hide; the contention is fitted on the other runs, so every run is predicted by a model fitted without it.
+``model_validation(ddp_parity(records, fits))`` (or ``model_validation(records, fits)``) returns the median |leave-one-out error| of step and exposed communication
 and ``.ok`` when within 10% / 25%; guidance and extrapolation use the model only then.
 
 **Extrapolation** (:func:`predict_scaling`, :func:`extrapolation_table`, :func:`ring_tree_crossover`,
@@ -852,7 +852,8 @@ class ModelValidation:
         if not self.n_runs:
             return "The model is not validated: no timed DDP run with a no-op twin to predict."
         return (f"Leave-one-out over {self.n_runs} DDP runs: median |error| of the step time "
-                f"{self.step_median_abs_err:.0%} (margin {self.step_margin:.0%}: {'within' if self.step_ok else 'NOT within'}), "
+                f"{self.step_median_abs_err:.0%} (margin {self.step_margin:.0%}: "
+                f"{'within' if self.step_ok else 'NOT within'}), "
                 f"of the exposed communication {self.exposed_median_abs_err:.0%} (margin {self.exposed_margin:.0%}: "
                 f"{'within' if self.exposed_ok else 'NOT within'}); waiting share off by "
                 f"{self.waiting_share_median_abs_err * 100:.0f} points (median).")
@@ -998,8 +999,8 @@ def extrapolation_table(models: dict[str, LinkModel], kan_sizes: dict[str, dict]
     "spline_order": k}}``. Strong scaling at ``global_batch``, or weak scaling at ``local_batch`` per
     process (then pass ``global_batch=None``). Long format: one row per (kan, algo, bucket_cap_mb, world_size).
 
-    With stragglers (``rank_sigma``, ``contention``, ``sync_s``, ``per_bucket_s``: see :func:`predict_scaling`) ``efficiency`` is the straggler
-    model's and ``efficiency_bound`` the optimistic bound without stragglers or contention. The band
+    With stragglers (``rank_sigma``, ``contention``, ``sync_s``, ``per_bucket_s``: see :func:`predict_scaling`)
+    ``efficiency`` is the straggler model's and ``efficiency_bound`` the optimistic bound without stragglers or contention. The band
     ``efficiency_lo`` / ``efficiency_hi`` (and ``step_time_s_lo`` / ``_hi``) spans the straggler spread's interval
     ``rank_sigma_interval`` (default: ``rank_sigma`` itself) widened by ``loo_rel_err``, the model's relative
     leave-one-out error of the step time (:func:`ddp_parity`): ``step_lo = T(sigma_lo) (1 - e)``, ``step_hi =

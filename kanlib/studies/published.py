@@ -158,8 +158,8 @@ def analyze(ctx: Context, preset_name: str = "a100-hdr", widths=(64, 256, 256, 1
     scenarios = {f"preset {preset_name} (compute and links; a preset, not a measurement)":
                  (None, None, f"preset {preset_name}")}
     if prof is not None:
-        name = (f"CPU compute measured here with links of preset {preset_name} (a mix: says nothing about the published "
-                f"cluster)" if cpu else f"compute measured here, links of preset {preset_name}")
+        name = (f"CPU compute measured here with links of preset {preset_name} (a mix: says nothing about the "
+                f"published cluster)" if cpu else f"compute measured here, links of preset {preset_name}")
         scenarios[name] = (prof, None, f"{'CPU' if cpu else 'measured'} compute + {preset_name} links")
     if prof is not None and machine is not None:
         name = ("this machine: CPU compute and its own links (collective-benchmark fit; says nothing about the "
