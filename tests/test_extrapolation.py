@@ -56,6 +56,9 @@ def test_extrapolation_waits_for_the_slowest_rank_with_a_band(calibrated):
     cv = float(line.split("CV ")[1].split("%")[0]) / 100
     assert cv == pytest.approx(0.2, abs=0.03)
     assert a.extra["validation"].ok  # the synthetic DDP runs follow the model: validated, no warning
+    # the per-process compute measured at the shared placements is used, and said so
+    host = next(s for s in a.lines if s.startswith("Per-process compute at 1x2, 2x1 (no-op runs, 4): "))
+    assert float(host.split(": ")[1].split("x")[0]) == pytest.approx(a.extra["stragglers"]["host_factor"], rel=0.01)
     assert "FAILED" not in a.message
     t = a.extra["table"].set_index("world_size")
     gap = t["efficiency_bound"] - t["efficiency"]
@@ -67,3 +70,18 @@ def test_extrapolation_waits_for_the_slowest_rank_with_a_band(calibrated):
     assert any("band" in (tr.name or "") for tr in fig.data) and any("optimistic bound" in (tr.name or "")
                                                                       for tr in fig.data)
     assert "thin lines: the optimistic bound" in a.captions["efficiency"]
+
+
+def test_without_multi_process_runs_the_compute_is_extrapolated_from_one_process_and_it_is_said(tmp_path):
+    from synthetic import links, rec, write_bench, write_records
+
+    write_bench(tmp_path, "1x2", links())
+    write_bench(tmp_path, "2x1", links())
+    write_records(tmp_path, [rec(world_size=1, global_batch=512, n_params=1_000, step_time_s=0.010 * (1 + 0.01 * r),
+                                 step_time_s_p90=0.012, repeat=r) for r in range(3)])
+    a = report.extrapolation(str(tmp_path), bench_time_col="time_s", kan_sizes=[[2, 8, 1]], bucket_caps_mb=(25.0,),
+                             max_world_size=16, at_world_size=8, algos=("ring",))
+    assert any(s.startswith("Per-process compute: extrapolated from one-process runs alone (N=1)") for s in a.lines)
+    assert any("3 one-process runs (extrapolated from N=1 alone" in s for s in a.lines)
+    assert "Contention: no DDP run with a no-op twin to fit it on (0)." in a.lines
+    assert not a.extra["validation"].ok and "FAILED" in a.message  # never checked: not validated

@@ -935,7 +935,8 @@ def placement_for(world_size: int, gpus_per_node: int) -> tuple[int, int]:
 def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, world_sizes, gpus_per_node: int = 8,
                     global_batch: int | None = None, local_batch: int | None = None, bucket_cap_mb: float = 25.0,
                     first_bucket_mb: float | None = None, overlap_backward: bool = True, rank_sigma: float = 0.0,
-                    contention: float = 0.0, sync_s: float = 0.0, per_bucket_s: float = 0.0) -> pd.DataFrame:
+                    contention: float = 0.0, sync_s: float = 0.0, per_bucket_s: float = 0.0,
+                    host_factor: float = 1.0) -> pd.DataFrame:
     """Predicted step time, speedup, efficiency and exposed communication at each world size.
 
     Strong scaling with ``global_batch`` (local batch = global / W) or weak scaling with
@@ -949,7 +950,8 @@ def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, worl
     lognormal around it (:class:`kanlib.analysis.straggler.LogNormal`) and a step at W > 1 waits for the median of the
     slowest of W (``slowest_rank_s``), slowed by the contention :func:`ddp_parity` fits (``contention`` a fraction,
     ``sync_s`` per step, ``per_bucket_s`` per bucket: communication sharing the cores); all 0 is the optimistic
-    bound without either.
+    bound without either. ``host_factor``: a process's compute at W > 1 over the profile's (processes sharing a
+    host's cores and memory bandwidth, measured from the no-op runs; 1 = as alone).
     """
     if (global_batch is None) == (local_batch is None):
         raise ValueError("give exactly one of global_batch (strong scaling) and local_batch (weak scaling)")
@@ -959,7 +961,7 @@ def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, worl
     for w in sorted(set(int(v) for v in world_sizes)):
         nn, pp = placement_for(w, gpus_per_node)
         lb = global_batch / w if global_batch is not None else local_batch
-        compute = float(profile.step_s(n_params, lb))
+        compute = float(profile.step_s(n_params, lb)) * (float(host_factor) if w > 1 else 1.0)
         slowest = compute
         if w > 1:
             t = model.time_s(np.asarray(buckets, float), nn, pp)
@@ -992,15 +994,18 @@ def extrapolation_table(models: dict[str, LinkModel], kan_sizes: dict[str, dict]
                         global_batch: int | None = 65536, local_batch: int | None = None,
                         first_bucket_mb: float | None = None, rank_sigma: float = 0.0,
                         rank_sigma_interval: tuple[float, float] | None = None, contention: float = 0.0,
-                        loo_rel_err: float = 0.0, sync_s: float = 0.0, per_bucket_s: float = 0.0) -> pd.DataFrame:
+                        loo_rel_err: float = 0.0, sync_s: float = 0.0, per_bucket_s: float = 0.0,
+                        host_factor: float = 1.0) -> pd.DataFrame:
     """:func:`predict_scaling` for every model size x bucket size x algorithm, from 1 to ``max_world_size``.
 
     models: ``{algo name: LinkModel}``; kan_sizes: ``{name: {"widths": [...], "grid_size": G,
     "spline_order": k}}``. Strong scaling at ``global_batch``, or weak scaling at ``local_batch`` per
     process (then pass ``global_batch=None``). Long format: one row per (kan, algo, bucket_cap_mb, world_size).
 
-    With stragglers (``rank_sigma``, ``contention``, ``sync_s``, ``per_bucket_s``: see :func:`predict_scaling`)
-    ``efficiency`` is the straggler model's and ``efficiency_bound`` the optimistic bound without stragglers or contention. The band
+    With stragglers (``rank_sigma``, ``contention``, ``sync_s``, ``per_bucket_s``, ``host_factor``: see
+    :func:`predict_scaling`)
+    ``efficiency`` is the straggler model's and ``efficiency_bound`` the optimistic bound without stragglers or
+    contention (with ``host_factor``, a measurement of compute). The band
     ``efficiency_lo`` / ``efficiency_hi`` (and ``step_time_s_lo`` / ``_hi``) spans the straggler spread's interval
     ``rank_sigma_interval`` (default: ``rank_sigma`` itself) widened by ``loo_rel_err``, the model's relative
     leave-one-out error of the step time (:func:`ddp_parity`): ``step_lo = T(sigma_lo) (1 - e)``, ``step_hi =
@@ -1015,11 +1020,12 @@ def extrapolation_table(models: dict[str, LinkModel], kan_sizes: dict[str, dict]
         for algo, m in models.items():
             for cap in bucket_caps_mb:
                 kw = dict(bucket_cap_mb=float(cap), first_bucket_mb=first_bucket_mb)
-                ckw = dict(contention=contention, sync_s=sync_s, per_bucket_s=per_bucket_s)
+                ckw = dict(contention=contention, sync_s=sync_s, per_bucket_s=per_bucket_s, host_factor=host_factor)
                 ws = powers_of_two(max_world_size)
                 p = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, rank_sigma=rank_sigma,
                                     **ckw, **kw)
-                bound = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, **kw)
+                bound = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch,
+                                        host_factor=host_factor, **kw)
                 lo = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, rank_sigma=lo_s,
                                      **ckw, **kw)
                 hi = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, rank_sigma=hi_s,

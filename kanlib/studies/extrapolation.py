@@ -201,6 +201,34 @@ def measured_spread(ctx: Context) -> tuple[float, tuple[float, float], str]:
                              f"90% bootstrap {lo:.3f}-{hi:.3f})")
 
 
+def host_factor(ctx: Context, prof) -> tuple[float, str]:
+    """A process's compute when several share a host, against the one-process profile: the median over the no-op
+    runs with more than one process of (rank 0's median step) / (``prof``'s step for the same parameters and local
+    batch). ``(1.0, sentence)`` when there are none: the compute is then extrapolated from N=1 alone."""
+    alone = (1.0, "Per-process compute: extrapolated from one-process runs alone (N=1): no multi-process no-op run "
+                  "measured what sharing a host does to it.")
+    try:
+        df = ctx.runs().data
+    except load.NoRecordsError:
+        return alone
+    noop = df[(df.get("comm_hook", pd.Series("", index=df.index)) == "noop") & (df["world_size"] > 1)]
+    if "model" in noop:
+        noop = noop[noop["model"] == "kan"]
+    ratios = []
+    for i in range(len(noop)):
+        r = noop.iloc[i]
+        pred = float(prof.step_s(float(r["n_params"]), float(r["global_batch"]) / float(r["world_size"])))
+        if pred > 0:
+            ratios.append(float(np.median(straggler.rank_times(noop.iloc[i:i + 1]).samples)) / pred)
+    if not ratios:
+        return alone
+    f = float(np.median(ratios))
+    where = ", ".join(sorted(set(groups.with_placement(noop)["placement"])))
+    return f, (f"Per-process compute at {where} (no-op runs, {len(ratios)}): {f:.3g}x what the one-process profile "
+               f"predicts for the same work (processes sharing a host, and work too small to scale linearly); "
+               f"applied at every N > 1.")
+
+
 def _check(source: str, target_efficiency: float, at_world_size: int, max_world_size: int, algos) -> None:
     if source not in ("auto", "measured", "preset"):
         raise ValueError(f"source: unknown value {source!r}; choose auto, measured or preset")
@@ -322,7 +350,7 @@ def analyze(ctx: Context, preset_name: str = "h100-ndr", kan_sizes=None, bucket_
     if prof is None:
         prof = presets.preset(preset_name).compute_profile()
         prof_line = (prof_line + "; " if prof_line else "") + f"compute of preset {preset_name}: {prof.source}"
-    skw, strag_lines, val = _stragglers(ctx, fit)
+    skw, strag_lines, val = _stragglers(ctx, fit, prof)
     try:
         t = table(models, kan_sizes, prof, args["bucket_caps_mb"], max_world_size, gpn, global_batch, **skw)
     except ValueError as e:  # a link the extrapolated placements need is missing from the fit
@@ -340,7 +368,7 @@ def analyze(ctx: Context, preset_name: str = "h100-ndr", kan_sizes=None, bucket_
     return a
 
 
-def _stragglers(ctx: Context, fit) -> tuple[dict, list[str], object]:
+def _stragglers(ctx: Context, fit, prof) -> tuple[dict, list[str], object]:
     """The straggler terms of the extrapolation and their sentences: with measured links, the per-rank spread and
     the contention measured here and the leave-one-out error of the DDP model (its validation, or None); with a
     preset, none (a CPU's spread says nothing of a GPU cluster's)."""
@@ -359,7 +387,9 @@ def _stragglers(ctx: Context, fit) -> tuple[dict, list[str], object]:
              if val.n_runs else "Contention: no DDP run with a no-op twin to fit it on (0).",
              val.sentence + (f" The band adds the largest leave-one-out step error ({err:.0%})." if val.n_runs else
                              " The band is the straggler spread's alone.")]
-    return ({"rank_sigma": sigma, "rank_sigma_interval": interval, "loo_rel_err": err, **con}, lines, val)
+    hf, hf_line = host_factor(ctx, prof)
+    return ({"rank_sigma": sigma, "rank_sigma_interval": interval, "loo_rel_err": err, "host_factor": hf, **con},
+            lines + [hf_line], val)
 
 
 def _describe(a: StudyAnalysis, ctx: Context, t: Table, models: dict, prof, fit, args: dict, gpn: int,
@@ -370,7 +400,8 @@ def _describe(a: StudyAnalysis, ctx: Context, t: Table, models: dict, prof, fit,
     a.extra.update(table=table, models=models, profile=prof, gpus_per_node=gpn)
     skw = a.extra.get("stragglers") or {}
     measured = measured_points(ctx, models.get("ring") or next(iter(models.values())), prof,
-                               **{k: v for k, v in skw.items() if k in ("rank_sigma",) + commmodel.CONTENTION_TERMS}) \
+                               **{k: v for k, v in skw.items()
+                                  if k in ("rank_sigma", "host_factor") + commmodel.CONTENTION_TERMS}) \
         if fit is not None else pd.DataFrame()
     a.add_figure("efficiency", figure(table, measured, target), (
         f"Predicted strong-scaling efficiency and exposed communication share, 1 to {max_n} GPUs "
