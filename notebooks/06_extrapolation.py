@@ -24,8 +24,14 @@
 # (specifications, marked as a preset, not a measurement). With measured links the measured strong-scaling
 # points are overlaid beside the model's prediction for the same configuration. Also: where tree all-reduce
 # overtakes ring per message size, and which sizes stay at or above `target_efficiency` at `at_world_size`
-# GPUs. An optimistic bound: no stragglers, congestion or NIC sharing. The report (05) shows the same
-# analysis with these parameters (they are kept in `out_dir/extrapolation.json`).
+# GPUs. With measured links a step waits for the slowest of N ranks: each rank's compute varies as the no-op runs'
+# (or, without them, the one-process runs') per-step times did, a lognormal beyond what was measured, slowed by the
+# contention the DDP runs showed; the shaded band spans the spread's bootstrap interval and the model's largest
+# leave-one-out error on those DDP runs, and the thin lines are the optimistic bound without stragglers or
+# contention. Neither has congestion or NIC sharing. When the model failed its leave-one-out check the message says
+# so: read the curves as a what-if, not guidance. With preset links no stragglers are assumed (the optimistic
+# bound). The report (05) shows the same analysis with these parameters (they are kept in
+# `out_dir/extrapolation.json`).
 
 # %% tags=["parameters"]
 out_dir: str = "../outputs"  # records of the studies (collbench and strong-scaling runs)

@@ -104,7 +104,9 @@ def test_figures_draw_what_their_captions_promise(calibrated, tmp_path):
     assert {"colour: emulated", "colour: no emulation", "dotted: the fitted model"} <= keys
     parity = a.figures["parity"]
     pts = [t for t in style.data_traces(parity) if t.mode == "markers"]
-    assert sum(len(t.x) for t in pts) == 2 * 6  # six runs, in both panels
+    loo = [t for t in pts if t.name != "link model alone"]
+    assert sum(len(t.x) for t in loo) == 2 * 6  # six runs, in both panels, each predicted by a fit without it
+    assert sum(len(t.x) for t in pts if t.name == "link model alone") == 2 * 6  # beside the link model alone
     for t in pts:  # on the diagonal: the records follow the model
         assert list(t.x) == pytest.approx(list(t.y), rel=1e-6)
     # an option that harms convergence gets the red outline, the others none

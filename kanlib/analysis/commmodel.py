@@ -31,11 +31,21 @@ ready and the previous one is done; the exposed communication is what is left af
 timed run that has a no-op twin; :func:`transfer_waiting` splits each run's hook time into the
 transfer the benchmark predicts for its recorded buckets and the waiting for other ranks (skew).
 
+**Stragglers, contention, leave-one-out** (:func:`ddp_parity`, :func:`model_validation`,
+:class:`ModelValidation`, :func:`fitted_contention`, :data:`STEP_MARGIN`, :data:`EXPOSED_MARGIN`): a DDP step at W
+ranks is ``(1 + gamma) M_W + sync_s + per_bucket_s n_buckets + X`` - the median of the slowest of W ranks' compute
+(kanlib.analysis.straggler, from the no-op twins' per-rank step times at the run's placement), slowed by the
+contention that real communication adds on shared cores (:data:`CONTENTION_TERMS`), plus the transfer backward does
+not hide; the contention is fitted on the other runs, so every run is predicted by a model fitted without it.
+``model_validation(ddp_parity(records, fits))`` (or ``model_validation(records, fits)``) returns the median |leave-one-out error| of step and exposed communication
+and ``.ok`` when within 10% / 25%; guidance and extrapolation use the model only then.
+
 **Extrapolation** (:func:`predict_scaling`, :func:`extrapolation_table`, :func:`ring_tree_crossover`,
 :func:`sizes_above`): step time, efficiency and exposed communication from 1 to thousands of GPUs for
-a compute profile (:class:`ComputeProfile`, measured or a preset of kanlib.analysis.presets). It ignores
-stragglers, congestion and contention between the P processes of a node sharing its network: read
-it as an optimistic bound.
+a compute profile (:class:`ComputeProfile`, measured or a preset of kanlib.analysis.presets). With ``rank_sigma``
+and ``contention`` a step waits for the slowest of N ranks; ``extrapolation_table`` adds the band
+(``efficiency_lo``/``_hi``) and the optimistic bound without either (``efficiency_bound``). Neither has
+congestion or the P processes of a node sharing its network.
 
 pandas and numpy only: no torch import.
 """
@@ -48,6 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kanlib.analysis import straggler
 from kanlib.analysis.groups import hashable
 
 ALGOS = ("ring", "tree")
@@ -672,6 +683,207 @@ def transfer_waiting_by_placement(table: pd.DataFrame) -> pd.DataFrame:
     return g
 
 
+# -- stragglers, shared-host contention and leave-one-out parity ------------------------------------------
+STEP_MARGIN = 0.10
+"""Median |leave-one-out error| of the predicted DDP step time the model must stay within to be used."""
+EXPOSED_MARGIN = 0.25
+"""Median |leave-one-out error| of the predicted exposed communication the model must stay within."""
+
+
+def _same_repeat(noop: pd.DataFrame, r) -> pd.DataFrame:
+    """The no-op twins run with the same repeat as ``r`` (the same round of the sweep, so the same load on a
+    shared machine), else all of them."""
+    if "repeat" in noop and r.get("repeat") is not None:
+        same = noop[noop["repeat"] == r.get("repeat")]
+        if len(same):
+            return same
+    return noop
+
+
+def _straggler_terms(point: dict, r, noop: pd.DataFrame, fits: dict, quantile: float) -> dict:
+    """The fit-free terms of one timed run: the slowest of W ranks from its no-op twins' per-rank times, the
+    transfer backward does not hide, and the measured exposure and waiting."""
+    twins = _same_repeat(noop, r)
+    placement = f"{int(r['nnodes'])}x{int(r['nproc_per_node'])}"
+    w = int(r["nnodes"]) * int(r["nproc_per_node"])
+    rt = straggler.rank_times(twins, placement)
+    m_w, est = rt.max_step_s(w, quantile)
+    e_max, _ = rt.expected_max_s(w)
+    t_noop = float(np.median(twins["step_time_s"].to_numpy(float)))
+    bwd = float(np.median(twins["backward_s"].to_numpy(float))) if "backward_s" in twins else math.nan
+    pred = _predict_run(r, fits, bwd)
+    comm = r.get("comm_total_s")
+    comm = float(comm) if comm is not None and comm == comm else math.nan
+    step = float(r["step_time_s"])
+    return {**{k: point.get(k) for k in point}, "run_key": r.get("run_key"), "repeat": r.get("repeat"),
+            "placement": placement, "world_size": w, "t_noop_s": t_noop, "backward_noop_s": bwd,
+            "slowest_rank_s": m_w, "straggler_lag_s": e_max - float(np.mean(rt.samples)),
+            "rank_cv": float(np.std(rt.samples) / np.mean(rt.samples)), "estimator": est,
+            "compute_source": f"no-op twin at {placement}: {rt.source}", "step_time_s": step,
+            "n_buckets": len(r["bucket_bytes"]) if isinstance(r.get("bucket_bytes"), (list, tuple)) else 0,
+            "exposed_s": step - t_noop, "comm_total_s": comm, "pred_transfer_s": pred["pred_transfer_s"],
+            "pred_exposed_transfer_s": pred["pred_exposed_s"],
+            "waiting_s": comm - pred["pred_transfer_s"], "waiting_share": (comm - pred["pred_transfer_s"]) / comm
+            if comm > 0 else math.nan, "fit": pred["fit"], "why": pred["why"]}
+
+
+def ddp_parity(records: pd.DataFrame, fits: dict[tuple, CollFit], quantile: float = 0.5) -> pd.DataFrame:
+    """Leave-one-out parity of the straggler model for every timed DDP run with a no-op twin.
+
+    The model of a synchronous DDP step at W ranks: ``(1 + gamma) * M_W + sync_s + per_bucket_s * n_buckets + X``,
+    where
+
+    - ``M_W`` (``slowest_rank_s``) is the median of the slowest of W ranks' compute
+      (:func:`kanlib.analysis.straggler.quantile_of_max` of the no-op twins' per-rank step times at the run's
+      placement, which already carry the contention of the processes sharing that host; the fitted lognormal
+      where the sample does not reach that quantile) - the median, because T is the median over steps;
+    - ``X`` (``pred_exposed_transfer_s``) is the transfer backward does not hide (:func:`overlap` of the run's
+      buckets with the link fit, as :func:`validate_ddp`);
+    - ``gamma`` (``contention``), ``sync_s`` and ``per_bucket_s`` are what a step with real communication costs
+      beyond the no-op twin's compute on shared cores (communication threads competing with compute, a rank woken
+      late after each wait; per step and per bucket all-reduced), fitted on the *other* timed runs of the same
+      backend and device, without the run it predicts: non-negative least squares of
+      ``T - X - M_W = gamma M_W + sync_s + per_bucket_s n_buckets`` (all 0 when there is no other run).
+
+    The hook's waiting (``comm_total_s`` minus the benchmark's transfer) is predicted as ``(1 + gamma) * lag + omega``:
+    ``lag`` = E[slowest of W] - E[one rank] (``straggler_lag_s``) and ``omega`` the median over the other runs of what
+    waiting that leaves. Columns: measured ``step_time_s``, ``exposed_s = T - T_noop``, ``waiting_share``; predicted
+    ``pred_step_time_s``, ``pred_exposed_s = pred_step_time_s - T_noop``, ``pred_waiting_share``; ``step_rel_err``,
+    ``exposed_rel_err`` (NaN when the measured exposure is not positive), ``waiting_share_err`` (points);
+    ``contention``, ``sync_s``, ``per_bucket_s``, ``omega_s``, ``n_fit`` (the runs each prediction was fitted on),
+    ``estimator``,
+    ``compute_source``, ``why`` when there is no prediction.
+    """
+    rows = [_straggler_terms(point, r, noop, fits, quantile)
+            for point, timed, noop in _twins(records) for _, r in timed.iterrows()]
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    ok = np.isfinite(out["pred_exposed_transfer_s"].to_numpy(float))
+    keys = [c for c in ("backend", "device") if c in out]
+    group = pd.Series(["/".join(str(r[k]) for k in keys) for _, r in out.iterrows()], index=out.index)
+    pred_step, pred_wait, terms, omg, nfit = [], [], [], [], []
+    for i in range(len(out)):
+        others = ok & (group == group.iloc[i]).to_numpy() & (np.arange(len(out)) != i)
+        t = _fit_contention(out, others)
+        wj = out["waiting_s"] - (1 + t["contention"]) * out["straggler_lag_s"]
+        wj_ok = others & np.isfinite(wj.to_numpy(float))
+        o = float(np.median(wj[wj_ok])) if wj_ok.any() else 0.0
+        terms.append(t)
+        omg.append(o)
+        nfit.append(int(others.sum()))
+        pred_step.append(_contended(out.iloc[i], t) + out["pred_exposed_transfer_s"].iloc[i])
+        pred_wait.append(max(0.0, (1 + t["contention"]) * out["straggler_lag_s"].iloc[i] + o))
+    for k in CONTENTION_TERMS:
+        out[k] = [t[k] for t in terms]
+    out["omega_s"], out["n_fit"] = omg, nfit
+    out["pred_step_time_s"] = pred_step
+    out["pred_exposed_s"] = out["pred_step_time_s"] - out["t_noop_s"]
+    xfer = out["pred_transfer_s"]
+    out["pred_waiting_share"] = np.asarray(pred_wait) / (np.asarray(pred_wait) + xfer)
+    out["step_rel_err"] = (out["pred_step_time_s"] - out["step_time_s"]) / out["step_time_s"]
+    out["exposed_rel_err"] = np.where(out["exposed_s"] > 0, (out["pred_exposed_s"] - out["exposed_s"]) /
+                                      out["exposed_s"].where(out["exposed_s"] > 0), np.nan)
+    out["waiting_share_err"] = out["pred_waiting_share"] - out["waiting_share"]
+    return out
+
+
+CONTENTION_TERMS = ("contention", "sync_s", "per_bucket_s")
+"""The fitted terms of shared-host contention (:func:`ddp_parity`): a fraction of the slowest rank's compute, seconds
+per synchronised step, seconds per bucket all-reduced during backward."""
+
+
+def _contended(row, terms: dict) -> float:
+    """The slowest rank's compute of a synchronised step with contention: ``(1 + gamma) M_W + sync_s + per_bucket_s
+    * n_buckets``."""
+    return ((1 + terms["contention"]) * float(row["slowest_rank_s"]) + terms["sync_s"]
+            + terms["per_bucket_s"] * float(row["n_buckets"]))
+
+
+def _fit_contention(out: pd.DataFrame, use: np.ndarray) -> dict:
+    """:data:`CONTENTION_TERMS` fitted on the runs ``use`` by non-negative least squares of what the slowest rank and
+    the exposed transfer leave, ``T - X - M_W = gamma M_W + sync_s + per_bucket_s n_buckets`` (all 0 without runs)."""
+    if not use.any():
+        return dict.fromkeys(CONTENTION_TERMS, 0.0)
+    m = out["slowest_rank_s"].to_numpy(float)[use]
+    nb = out["n_buckets"].to_numpy(float)[use]
+    y = (out["step_time_s"] - out["pred_exposed_transfer_s"] - out["slowest_rank_s"]).to_numpy(float)[use]
+    c = nnls(np.stack([m, np.ones_like(m), nb], axis=1), y)
+    return dict(zip(CONTENTION_TERMS, (float(v) for v in c)))
+
+
+def fitted_contention(parity: pd.DataFrame) -> dict:
+    """The contention terms (:data:`CONTENTION_TERMS`) :func:`ddp_parity` fits on all its runs (not leaving one out):
+    for extrapolating with the links and processes they were measured on. All 0 without runs."""
+    if parity is None or parity.empty:
+        return dict.fromkeys(CONTENTION_TERMS, 0.0)
+    return _fit_contention(parity, np.isfinite(parity["pred_exposed_transfer_s"].to_numpy(float)))
+
+
+@dataclass(frozen=True)
+class ModelValidation:
+    """How well the model predicts the DDP runs it was not fitted on (:func:`model_validation`): the median
+    |leave-one-out error| of the step time and of the exposed communication, and whether each is within its
+    margin. ``ok`` is False without any predicted run (a model never checked is not validated)."""
+
+    n_runs: int
+    step_median_abs_err: float
+    exposed_median_abs_err: float
+    waiting_share_median_abs_err: float
+    step_margin: float = STEP_MARGIN
+    exposed_margin: float = EXPOSED_MARGIN
+    step_max_abs_err: float = math.nan
+    """The largest |leave-one-out error| of the step time (the extrapolation's band uses it)."""
+
+    @property
+    def step_ok(self) -> bool:
+        return self.n_runs > 0 and self.step_median_abs_err <= self.step_margin
+
+    @property
+    def exposed_ok(self) -> bool:
+        return self.n_runs > 0 and self.exposed_median_abs_err <= self.exposed_margin
+
+    @property
+    def ok(self) -> bool:
+        return self.step_ok and self.exposed_ok
+
+    @property
+    def sentence(self) -> str:
+        if not self.n_runs:
+            return "The model is not validated: no timed DDP run with a no-op twin to predict."
+        return (f"Leave-one-out over {self.n_runs} DDP runs: median |error| of the step time "
+                f"{self.step_median_abs_err:.0%} (margin {self.step_margin:.0%}: "
+                f"{'within' if self.step_ok else 'NOT within'}), "
+                f"of the exposed communication {self.exposed_median_abs_err:.0%} (margin {self.exposed_margin:.0%}: "
+                f"{'within' if self.exposed_ok else 'NOT within'}); waiting share off by "
+                f"{self.waiting_share_median_abs_err * 100:.0f} points (median).")
+
+    def as_dict(self) -> dict:
+        return {"n_runs": self.n_runs, "step_median_abs_err": self.step_median_abs_err,
+                "exposed_median_abs_err": self.exposed_median_abs_err,
+                "waiting_share_median_abs_err": self.waiting_share_median_abs_err, "step_margin": self.step_margin,
+                "exposed_margin": self.exposed_margin, "step_max_abs_err": self.step_max_abs_err,
+                "step_ok": self.step_ok, "exposed_ok": self.exposed_ok, "ok": self.ok}
+
+
+def model_validation(parity_or_records: pd.DataFrame, fits: dict[tuple, CollFit] | None = None,
+                     step_margin: float = STEP_MARGIN, exposed_margin: float = EXPOSED_MARGIN) -> ModelValidation:
+    """The leave-one-out validation of the DDP model: pass :func:`ddp_parity`'s table, or the records and the
+    link fits to compute it. Guidance and extrapolation use the model only when ``.ok``."""
+    par = parity_or_records if fits is None else ddp_parity(parity_or_records, fits)
+    if fits is None and len(par) and "pred_step_time_s" not in par:
+        raise ValueError("parity_or_records: give ddp_parity's table, or records together with fits")
+    d = par[np.isfinite(pd.to_numeric(par.get("pred_step_time_s", pd.Series(dtype=float)), errors="coerce"))] \
+        if len(par) else par
+    if d.empty:
+        return ModelValidation(0, math.nan, math.nan, math.nan, step_margin, exposed_margin)
+    ws = d["waiting_share_err"].abs() if "waiting_share_err" in d else pd.Series(dtype=float)
+    return ModelValidation(int(len(d)), float(d["step_rel_err"].abs().median()),
+                           float(d["exposed_rel_err"].abs().median()),
+                           float(ws.median()) if ws.notna().any() else math.nan, step_margin, exposed_margin,
+                           float(d["step_rel_err"].abs().max()))
+
+
 # -- compute profiles and extrapolation ---------------------------------------------------------------------
 @dataclass
 class ComputeProfile:
@@ -722,7 +934,9 @@ def placement_for(world_size: int, gpus_per_node: int) -> tuple[int, int]:
 
 def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, world_sizes, gpus_per_node: int = 8,
                     global_batch: int | None = None, local_batch: int | None = None, bucket_cap_mb: float = 25.0,
-                    first_bucket_mb: float | None = None, overlap_backward: bool = True) -> pd.DataFrame:
+                    first_bucket_mb: float | None = None, overlap_backward: bool = True, rank_sigma: float = 0.0,
+                    contention: float = 0.0, sync_s: float = 0.0, per_bucket_s: float = 0.0,
+                    host_factor: float = 1.0) -> pd.DataFrame:
     """Predicted step time, speedup, efficiency and exposed communication at each world size.
 
     Strong scaling with ``global_batch`` (local batch = global / W) or weak scaling with
@@ -731,6 +945,13 @@ def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, worl
     ``model`` at the placement :func:`placement_for` gives; overlap with backward unless
     ``overlap_backward`` is False (then all communication is exposed). Efficiency is against one process:
     strong ``T(1) / (W T(W))``, weak ``T(1) / T(W)``.
+
+    Stragglers: the profile's compute is one rank's median; with ``rank_sigma`` > 0 each rank's compute is
+    lognormal around it (:class:`kanlib.analysis.straggler.LogNormal`) and a step at W > 1 waits for the median of the
+    slowest of W (``slowest_rank_s``), slowed by the contention :func:`ddp_parity` fits (``contention`` a fraction,
+    ``sync_s`` per step, ``per_bucket_s`` per bucket: communication sharing the cores); all 0 is the optimistic
+    bound without either. ``host_factor``: a process's compute at W > 1 over the profile's (processes sharing a
+    host's cores and memory bandwidth, measured from the no-op runs; 1 = as alone).
     """
     if (global_batch is None) == (local_batch is None):
         raise ValueError("give exactly one of global_batch (strong scaling) and local_batch (weak scaling)")
@@ -740,16 +961,20 @@ def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, worl
     for w in sorted(set(int(v) for v in world_sizes)):
         nn, pp = placement_for(w, gpus_per_node)
         lb = global_batch / w if global_batch is not None else local_batch
-        compute = float(profile.step_s(n_params, lb))
+        compute = float(profile.step_s(n_params, lb)) * (float(host_factor) if w > 1 else 1.0)
+        slowest = compute
         if w > 1:
             t = model.time_s(np.asarray(buckets, float), nn, pp)
             bwd = profile.backward_fraction * compute if overlap_backward else 0.0
             ov = overlap(buckets, bwd, t)
+            if rank_sigma > 0 and compute > 0:
+                slowest = straggler.LogNormal(math.log(compute), float(rank_sigma)).quantile_of_max(w)
+            slowest = slowest * (1.0 + float(contention)) + float(sync_s) + float(per_bucket_s) * len(buckets)
         else:
             ov = {"transfer_s": 0.0, "exposed_s": 0.0}
         rows.append({"world_size": w, "nnodes": nn, "nproc_per_node": pp, "local_batch": lb, "compute_s": compute,
-                     "comm_s": ov["transfer_s"], "exposed_s": ov["exposed_s"],
-                     "step_time_s": compute + ov["exposed_s"]})
+                     "slowest_rank_s": slowest, "comm_s": ov["transfer_s"], "exposed_s": ov["exposed_s"],
+                     "step_time_s": slowest + ov["exposed_s"]})
     out = pd.DataFrame(rows)
     t1 = float(profile.step_s(n_params, global_batch if global_batch is not None else local_batch))
     if global_batch is not None:
@@ -767,21 +992,53 @@ def predict_scaling(model: LinkModel, profile: ComputeProfile, param_bytes, worl
 def extrapolation_table(models: dict[str, LinkModel], kan_sizes: dict[str, dict], profile: ComputeProfile,
                         bucket_caps_mb=(25.0,), max_world_size: int = 4096, gpus_per_node: int = 8,
                         global_batch: int | None = 65536, local_batch: int | None = None,
-                        first_bucket_mb: float | None = None) -> pd.DataFrame:
+                        first_bucket_mb: float | None = None, rank_sigma: float = 0.0,
+                        rank_sigma_interval: tuple[float, float] | None = None, contention: float = 0.0,
+                        loo_rel_err: float = 0.0, sync_s: float = 0.0, per_bucket_s: float = 0.0,
+                        host_factor: float = 1.0) -> pd.DataFrame:
     """:func:`predict_scaling` for every model size x bucket size x algorithm, from 1 to ``max_world_size``.
 
     models: ``{algo name: LinkModel}``; kan_sizes: ``{name: {"widths": [...], "grid_size": G,
     "spline_order": k}}``. Strong scaling at ``global_batch``, or weak scaling at ``local_batch`` per
     process (then pass ``global_batch=None``). Long format: one row per (kan, algo, bucket_cap_mb, world_size).
+
+    With stragglers (``rank_sigma``, ``contention``, ``sync_s``, ``per_bucket_s``, ``host_factor``: see
+    :func:`predict_scaling`)
+    ``efficiency`` is the straggler model's and ``efficiency_bound`` the optimistic bound without stragglers or
+    contention (with ``host_factor``, a measurement of compute). The band
+    ``efficiency_lo`` / ``efficiency_hi`` (and ``step_time_s_lo`` / ``_hi``) spans the straggler spread's interval
+    ``rank_sigma_interval`` (default: ``rank_sigma`` itself) widened by ``loo_rel_err``, the model's relative
+    leave-one-out error of the step time (:func:`ddp_parity`): ``step_lo = T(sigma_lo) (1 - e)``, ``step_hi =
+    T(sigma_hi) (1 + e)``; ``efficiency_hi`` stops at the optimistic bound (stragglers and contention only slow).
     """
+    lo_s, hi_s = rank_sigma_interval or (rank_sigma, rank_sigma)
+    e = abs(float(loo_rel_err))
     parts = []
     for kname, spec in kan_sizes.items():
         pb = kan_param_bytes(spec["widths"], spec.get("grid_size", 5), spec.get("spline_order", 3),
                              spec.get("model", "kan"))
         for algo, m in models.items():
             for cap in bucket_caps_mb:
-                p = predict_scaling(m, profile, pb, powers_of_two(max_world_size), gpus_per_node, global_batch,
-                                    local_batch, bucket_cap_mb=float(cap), first_bucket_mb=first_bucket_mb)
+                kw = dict(bucket_cap_mb=float(cap), first_bucket_mb=first_bucket_mb)
+                ckw = dict(contention=contention, sync_s=sync_s, per_bucket_s=per_bucket_s, host_factor=host_factor)
+                ws = powers_of_two(max_world_size)
+                p = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, rank_sigma=rank_sigma,
+                                    **ckw, **kw)
+                bound = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch,
+                                        host_factor=host_factor, **kw)
+                lo = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, rank_sigma=lo_s,
+                                     **ckw, **kw)
+                hi = predict_scaling(m, profile, pb, ws, gpus_per_node, global_batch, local_batch, rank_sigma=hi_s,
+                                     **ckw, **kw)
+                p["efficiency_bound"] = bound["efficiency"]
+                p["step_time_s_lo"] = lo["step_time_s"] * (1 - e)
+                p["step_time_s_hi"] = hi["step_time_s"] * (1 + e)
+                p.loc[p["world_size"] == 1, ["step_time_s_lo", "step_time_s_hi"]] = p.loc[p["world_size"] == 1,
+                                                                                          "step_time_s"]
+                p["efficiency_lo"] = p["efficiency"] * p["step_time_s"] / p["step_time_s_hi"]
+                # stragglers and contention only slow a step: the band stops at the optimistic bound
+                p["efficiency_hi"] = np.minimum(p["efficiency"] * p["step_time_s"] / p["step_time_s_lo"],
+                                                np.maximum(p["efficiency_bound"], p["efficiency"]))
                 p.insert(0, "kan", kname)
                 p.insert(1, "n_params", int(sum(pb) // 4))
                 p.insert(2, "algo", algo)
@@ -816,7 +1073,8 @@ def sizes_above(table: pd.DataFrame, target_efficiency: float = 0.8, world_size:
     """Rows of :func:`extrapolation_table` at ``world_size`` with ``above`` = efficiency >= target."""
     d = table[table["world_size"] == world_size].copy()
     d["above"] = d["efficiency"] >= target_efficiency
-    return d[["kan", "n_params", "algo", "bucket_cap_mb", "efficiency", "exposed_s", "step_time_s", "above"]]
+    extra = [c for c in ("efficiency_lo", "efficiency_hi", "efficiency_bound") if c in d]
+    return d[["kan", "n_params", "algo", "bucket_cap_mb", "efficiency", "exposed_s", "step_time_s", "above"] + extra]
 
 
 # -- helpers of the extrapolation ---------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kanlib.analysis import commmodel, fmt, groups, style
+from kanlib.analysis import commmodel, fmt, groups, load, style
 from kanlib.analysis.context import BENCH_TIME_COLS, Context, Goals, LinkFit
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
@@ -40,6 +40,26 @@ def link_fit(ctx: Context, time_col: str | None = None) -> LinkFit:
     if not bench.empty and time_col not in bench:
         raise ValueError(f"bench_time_col: {time_col!r} is not a collbench column ({', '.join(BENCH_TIME_COLS)})")
     return ctx.link_fit(time_col)
+
+
+def ddp_parity(ctx: Context) -> pd.DataFrame:
+    """:func:`kanlib.analysis.commmodel.ddp_parity` of the communication study's runs with the folder's link fit
+    (empty without benchmark fits or communication records), once per build."""
+    def make():
+        fits = link_fit(ctx).fits
+        try:
+            recs = communication.records_of(ctx)
+        except load.NoRecordsError:
+            return pd.DataFrame()
+        return commmodel.ddp_parity(recs, fits) if fits else pd.DataFrame()
+
+    return ctx.cached((NAME, "ddp_parity", ctx.bench_time_col), make)
+
+
+def validation(ctx: Context) -> commmodel.ModelValidation:
+    """Whether the DDP model passed its leave-one-out check on this folder (:func:`kanlib.analysis.commmodel.
+    model_validation`): guidance and extrapolation use the model only when ``.ok``; ``.sentence`` says why not."""
+    return commmodel.model_validation(ddp_parity(ctx))
 
 
 def table(ctx: Context) -> Table:
@@ -148,13 +168,16 @@ def emulation_growth(recs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def parity_table(parity: pd.DataFrame) -> pd.DataFrame:
-    """Predicted against measured, per DDP run (:func:`kanlib.analysis.commmodel.validate_ddp`), display-ready."""
+def parity_table(parity: pd.DataFrame, link_only: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Predicted against measured, per DDP run, display-ready: ``parity`` from
+    :func:`kanlib.analysis.commmodel.ddp_parity` (the straggler model, each run predicted by a model fitted without
+    it) or :func:`kanlib.analysis.commmodel.validate_ddp` (the link model alone); ``link_only``: validate_ddp's rows of
+    the same runs, whose exposed prediction is set beside."""
     emu = groups.emulated(parity)
     opts = [communication.option_label({f: (r[f] if f in r and pd.notna(r[f]) else v)
                                         for f, v in communication.OPTION_FIELDS.items()}, communication.PLAIN_BUCKET_MB)
             for _, r in parity.iterrows()]  # the bucket size has its own column
-    return pd.DataFrame({
+    out = pd.DataFrame({
         "placement": parity["placement"], "option": opts,
         "bucket (MiB)": parity["bucket_cap_mb"].map(lambda v: f"{v:g}"),
         "emulated link": [fmt.link_desc(a, b) if e else "none" for a, b, e in
@@ -164,8 +187,19 @@ def parity_table(parity: pd.DataFrame) -> pd.DataFrame:
         "step error": parity["step_rel_err"].map(fmt.signed_pct),
         "exposed measured (ms)": parity["exposed_s"].map(fmt.ms),
         "exposed predicted (ms)": parity["pred_exposed_s"].map(fmt.ms),
-        "exposed error": parity["exposed_rel_err"].map(fmt.signed_pct),
-        "why not predicted": parity["why"].fillna("")})
+        "exposed error": parity["exposed_rel_err"].map(fmt.signed_pct)})
+    if "pred_waiting_share" in parity:
+        out["waiting share measured / predicted"] = [f"{fmt.pct1(a)} / {fmt.pct1(b)}" for a, b in
+                                                     zip(parity["waiting_share"], parity["pred_waiting_share"])]
+        out["slowest of W ranks (ms)"] = parity["slowest_rank_s"].map(fmt.ms)
+        out["contention fitted without this run (compute / per step / per bucket)"] = [
+            f"{fmt.signed_pct(g)} / {fmt.ms(c)} ms / {fmt.ms(b)} ms" for g, c, b in
+            zip(parity["contention"], parity["sync_s"], parity["per_bucket_s"])]
+        out["estimator"] = parity["estimator"]
+    if link_only is not None and len(link_only) == len(parity):
+        out["exposed, link model alone (ms)"] = link_only["pred_exposed_s"].map(fmt.ms).to_numpy()
+    out["why not predicted"] = parity["why"].fillna("").to_numpy()
+    return out
 
 
 def transfer_waiting(recs: pd.DataFrame, fits: dict) -> pd.DataFrame:
@@ -262,11 +296,14 @@ def bench_figure(bench: pd.DataFrame, fits: dict | None = None, time_col: str = 
     return fig
 
 
-def parity_figure(parity: pd.DataFrame, title: str = "The calibrated model against every DDP run") -> go.Figure:
+def parity_figure(parity: pd.DataFrame, title: str = "The calibrated model against every DDP run",
+                  link_only: pd.DataFrame | None = None) -> go.Figure:
     """Predicted against measured step time and exposed communication for every timed DDP run with a
-    no-op twin (kanlib.analysis.commmodel.validate_ddp), on the diagonal where the model is right. Colour: model;
-    marker: placement; the dotted line is y = x. Runs the model could not predict are listed in
-    ``layout.meta['not_drawn']``."""
+    no-op twin, on the diagonal where the model is right: ``parity`` from
+    kanlib.analysis.commmodel.ddp_parity (each run predicted by the straggler model fitted without it; filled
+    markers) or validate_ddp; ``link_only``: validate_ddp's predictions of the same runs (the link model alone, no
+    stragglers or contention), as grey open markers named ``link model alone``. Colour: model; marker: placement;
+    the dotted line is y = x. Runs the model could not predict are listed in ``layout.meta['not_drawn']``."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Step time (ms)", "Exposed communication (ms)"))
     p = parity.copy()
     if "model" not in p:
@@ -287,6 +324,14 @@ def parity_figure(parity: pd.DataFrame, title: str = "The calibrated model again
                                      marker=dict(symbol=style.placement_symbol(key["placement"]), size=10,
                                                  color=style.model_color(m))), 1, col)
             hi = max(hi, float(np.nanmax(np.r_[g[meas].to_numpy(float), g[pred].to_numpy(float)])) * 1e3)
+        if link_only is not None and len(link_only):
+            lo = link_only[np.isfinite(pd.to_numeric(link_only["pred_exposed_s"], errors="coerce").to_numpy(float))]
+            fig.add_trace(go.Scatter(x=lo[meas] * 1e3, y=lo[pred] * 1e3, mode="markers", name="link model alone",
+                                     legendgroup="link model alone", showlegend=col == 1,
+                                     hovertext=[f"link model alone, {p}: measured {a * 1e3:.3g} ms, predicted "
+                                                f"{b * 1e3:.3g} ms" for p, a, b in
+                                                zip(lo["placement"], lo[meas], lo[pred])], hoverinfo="text",
+                                     marker=dict(symbol="circle-open", size=9, color=style.GREY)), 1, col)
         hi = hi * 1.1 or 1.0
         fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="y = x", legendgroup="y = x",
                                  showlegend=col == 1, line=dict(dash="dot", color="grey"), hoverinfo="skip"), 1, col)
@@ -339,22 +384,33 @@ def _add_checks(a: StudyAnalysis, ctx: Context, fits: dict) -> None:
             "the other rank)"))
 
 
-def _add_parity(a: StudyAnalysis, recs: pd.DataFrame, fits: dict) -> None:
-    """Every timed DDP run against the model's prediction, and its hook time split into transfer and waiting."""
+def _add_parity(a: StudyAnalysis, ctx: Context, recs: pd.DataFrame, fits: dict) -> None:
+    """Every timed DDP run against the model's prediction - the straggler model fitted without the run (leave one
+    out), beside the link model alone - and its hook time split into transfer and waiting."""
     parity = commmodel.validate_ddp(recs, fits)
+    loo = ddp_parity(ctx)
     if not parity.empty:
-        fig = parity_figure(parity)
+        a.extra["parity"] = parity
+    if not loo.empty:
+        val = commmodel.model_validation(loo)
+        a.extra["ddp_parity"], a.extra["validation"] = loo, val
+        fig = parity_figure(loo, "The model against every DDP run, each predicted by a fit without it",
+                            link_only=parity)
         nd = (fig.layout.meta or {}).get("not_drawn") or []
         ok = parity[parity["pred_exposed_s"].notna()]
+        link_err = (f" The link model alone (open grey markers): median |error| step "
+                    f"{ok['step_rel_err'].abs().median():.0%}, exposed {ok['exposed_rel_err'].abs().median():.0%}."
+                    if len(ok) else "")
         caption = (
-            f"Every timed DDP run with a no-op twin ({len(parity)}): step time and exposed communication as the "
-            f"model calibrated on the benchmark predicts them (its buckets, the twin's backward time) against "
-            f"the measurement; on the dotted line the model is right. Median absolute error: step "
-            f"{ok['step_rel_err'].abs().median():.0%}, exposed {ok['exposed_rel_err'].abs().median():.0%}."
-            if len(ok) else "No timed DDP run could be predicted.")
+            f"Every timed DDP run with a no-op twin ({len(loo)}): step time and exposed communication as the model "
+            f"predicts them - the slowest of W ranks' compute (from the no-op twins' per-rank step times at the run's "
+            f"placement), slowed by the contention fitted on the other runs, plus the transfer backward does not "
+            f"hide (link fit, the run's buckets) - against the measurement; on the dotted line the model is right. "
+            f"{val.sentence}{link_err}")
         a.add_figure("parity", fig, caption + (f" Not drawn (no prediction): {'; '.join(nd)}." if nd else ""))
-        a.add_table("parity", parity_table(parity), "Predicted against measured, per DDP run")
-        a.extra["parity"] = parity
+        a.add_table("parity", parity_table(loo, parity if len(parity) == len(loo) else None),
+                    "Predicted (leave-one-out) against measured, per DDP run")
+        a.lines.append(val.sentence)
     tw = transfer_waiting(recs, fits)
     if not tw.empty:
         a.add_figure("transfer_waiting", transfer_waiting_figure(tw), (
@@ -380,7 +436,7 @@ def analyze(ctx: Context) -> StudyAnalysis:
             "small sizes, the bandwidth plateau at large ones, and the emulated link's added latency."))
     if fit.fits:
         _add_checks(a, ctx, fit.fits)
-        _add_parity(a, communication.records_of(ctx), fit.fits)
+        _add_parity(a, ctx, communication.records_of(ctx), fit.fits)
     return a
 
 
@@ -402,13 +458,12 @@ def finding(a: StudyAnalysis) -> list[dict]:
     if len(pts):
         parts.append(f"leave-one-out error of {len(pts)} benchmark points: median "
                      f"{pts['loo_rel_err'].abs().median():.0%}, max {pts['loo_rel_err'].abs().max():.0%}")
-    par = a.extra.get("parity")
-    if par is not None:
-        ok_rows = par[par["pred_exposed_s"].notna()]
-        if len(ok_rows):
-            parts.append(f"DDP parity over {len(ok_rows)} runs: median |error| step "
-                         f"{ok_rows['step_rel_err'].abs().median():.0%}, exposed "
-                         f"{ok_rows['exposed_rel_err'].abs().median():.0%}")
+    val = a.extra.get("validation")
+    if val is not None and val.n_runs:
+        parts.append(f"DDP parity, leave-one-out over {val.n_runs} runs: median |error| step "
+                     f"{val.step_median_abs_err:.0%}, exposed {val.exposed_median_abs_err:.0%} "
+                     f"({'within' if val.ok else 'NOT within'} the margins {val.step_margin:.0%} / "
+                     f"{val.exposed_margin:.0%})")
     tw = a.extra.get("transfer_waiting")
     if tw is not None and len(tw):
         parts.append("waiting share of the hook time " + ", ".join(

@@ -15,11 +15,12 @@ import math
 import os
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from kanlib import records
-from kanlib.analysis import commmodel, fmt, groups, load, presets, style
+from kanlib.analysis import commmodel, fmt, groups, load, presets, straggler, style
 from kanlib.analysis.context import Context, Goals
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
@@ -95,6 +96,20 @@ def figure(table: pd.DataFrame, measured: pd.DataFrame | None = None, target: fl
                         line=dict(color=size_color(sizes.index(kan)), dash=ALGO_DASH.get(algo, "dash")),
                         hovertext=hover, hoverinfo="text")
             r, c = style.cell(i, 0, cols, 2)
+            col = size_color(sizes.index(kan))
+            banded = "efficiency_lo" in s and (s["efficiency_hi"] - s["efficiency_lo"]).abs().max() > 1e-12
+            if banded:
+                fig.add_trace(go.Scatter(x=list(s["world_size"]) + list(s["world_size"])[::-1],
+                                         y=list(s["efficiency_hi"]) + list(s["efficiency_lo"])[::-1], fill="toself",
+                                         mode="lines", line=dict(width=0), fillcolor=col, opacity=0.15,
+                                         legendgroup=f"size {kan}", showlegend=False, name=f"{kan} {algo} band",
+                                         hoverinfo="skip"), r, c)
+            if "efficiency_bound" in s and (s["efficiency_bound"] - s["efficiency"]).abs().max() > 1e-12:
+                fig.add_trace(go.Scatter(x=s["world_size"], y=s["efficiency_bound"], mode="lines",
+                                         legendgroup=f"size {kan}", showlegend=False,
+                                         name=f"{kan} {algo} optimistic bound",
+                                         line=dict(color=col, width=1, dash=ALGO_DASH.get(algo, "dash")),
+                                         opacity=0.5, hoverinfo="skip"), r, c)
             fig.add_trace(go.Scatter(x=s["world_size"], y=s["efficiency"], **look), r, c)
             r, c = style.cell(i, 1, cols, 2)
             fig.add_trace(go.Scatter(x=s["world_size"], y=s["overhead_fraction"], **look), r, c)
@@ -121,9 +136,10 @@ def figure(table: pd.DataFrame, measured: pd.DataFrame | None = None, target: fl
     return fig
 
 
-def measured_points(ctx: Context, model, prof) -> pd.DataFrame:
+def measured_points(ctx: Context, model, prof, **straggler_kw) -> pd.DataFrame:
     """Measured strong-scaling efficiencies (N > 1) beside the model's prediction for the same widths,
-    global batch, bucket size and placement (KAN and MLP models only)."""
+    global batch, bucket size and placement (KAN and MLP models only; ``straggler_kw``: predict_scaling's
+    ``rank_sigma``, ``contention``, ``sync_s``, ``per_bucket_s``)."""
     try:
         t = ctx.cached((strong_scaling.NAME, "table"),
                        lambda: strong_scaling.table(ctx.runs(strong_scaling.RECORDS).data))
@@ -141,13 +157,76 @@ def measured_points(ctx: Context, model, prof) -> pd.DataFrame:
             pb = commmodel.kan_param_bytes(s["widths"], int(s["grid_size"]), int(s["spline_order"]), s["model"])
             pred = commmodel.predict_scaling(model, prof, pb, [1, int(r["world_size"])], int(r["nproc_per_node"]),
                                              global_batch=int(s["global_batch"]),
-                                             bucket_cap_mb=float(s["bucket_cap_mb"]))
+                                             bucket_cap_mb=float(s["bucket_cap_mb"]), **straggler_kw)
         except ValueError:
             continue
         rows.append({"label": f"{s['model']} {list(s['widths'])}, B={int(s['global_batch'])}",
                      "placement": r["placement"], "world_size": int(r["world_size"]), "efficiency": float(r["efficiency"]),
                      "pred_efficiency": float(pred["efficiency"].iloc[-1])})
     return pd.DataFrame(rows)
+
+
+def measured_spread(ctx: Context) -> tuple[float, tuple[float, float], str]:
+    """The per-rank spread of compute (lognormal ``sigma`` of one rank's step around its median, with a 90%
+    bootstrap interval) from this folder's records, and where it came from: the no-op-hook runs of the communication
+    study at its largest world size (processes sharing a host measured together: contention is in it), else the
+    one-process runs (N=1 alone: contention between processes sharing a host is not in it), else none (sigma 0, the
+    optimistic bound). Each run's steps are divided by their median before pooling, so runs of different sizes mix
+    only their spread."""
+    try:
+        df = ctx.runs().data
+    except load.NoRecordsError:
+        return 0.0, (0.0, 0.0), "no per-rank times here: no stragglers in the extrapolation (the optimistic bound)"
+    noop = df[(df.get("comm_hook", pd.Series("", index=df.index)) == "noop") & (df["world_size"] > 1)]
+    if len(noop):
+        noop = noop[noop["world_size"] == noop["world_size"].max()]
+        what = (f"{len(noop)} no-op-hook runs at {int(noop['world_size'].iloc[0])} processes "
+                f"({', '.join(sorted(set(groups.with_placement(noop)['placement'])))}: contention between processes "
+                f"sharing a host is in it)")
+        runs = noop
+    else:
+        runs = df[df["world_size"] == 1]
+        what = (f"{len(runs)} one-process runs (extrapolated from N=1 alone: contention between processes sharing a "
+                f"host is not in it)")
+    if runs.empty:
+        return 0.0, (0.0, 0.0), "no per-rank times here: no stragglers in the extrapolation (the optimistic bound)"
+    parts = []
+    for i in range(len(runs)):
+        x = straggler.rank_times(runs.iloc[i:i + 1]).samples
+        parts.append(x / np.median(x))
+    rt = straggler.RankTimes(np.concatenate(parts), len(runs), what)
+    sigma = rt.lognormal.sigma
+    lo, hi = straggler.bootstrap_sigma(rt.samples)
+    return sigma, (lo, hi), (f"per-rank spread from {what}: CV {rt.lognormal.cv:.0%} (lognormal sigma {sigma:.3f}, "
+                             f"90% bootstrap {lo:.3f}-{hi:.3f})")
+
+
+def host_factor(ctx: Context, prof) -> tuple[float, str]:
+    """A process's compute when several share a host, against the one-process profile: the median over the no-op
+    runs with more than one process of (rank 0's median step) / (``prof``'s step for the same parameters and local
+    batch). ``(1.0, sentence)`` when there are none: the compute is then extrapolated from N=1 alone."""
+    alone = (1.0, "Per-process compute: extrapolated from one-process runs alone (N=1): no multi-process no-op run "
+                  "measured what sharing a host does to it.")
+    try:
+        df = ctx.runs().data
+    except load.NoRecordsError:
+        return alone
+    noop = df[(df.get("comm_hook", pd.Series("", index=df.index)) == "noop") & (df["world_size"] > 1)]
+    if "model" in noop:
+        noop = noop[noop["model"] == "kan"]
+    ratios = []
+    for i in range(len(noop)):
+        r = noop.iloc[i]
+        pred = float(prof.step_s(float(r["n_params"]), float(r["global_batch"]) / float(r["world_size"])))
+        if pred > 0:
+            ratios.append(float(np.median(straggler.rank_times(noop.iloc[i:i + 1]).samples)) / pred)
+    if not ratios:
+        return alone
+    f = float(np.median(ratios))
+    where = ", ".join(sorted(set(groups.with_placement(noop)["placement"])))
+    return f, (f"Per-process compute at {where} (no-op runs, {len(ratios)}): {f:.3g}x what the one-process profile "
+               f"predicts for the same work (processes sharing a host, and work too small to scale linearly); "
+               f"applied at every N > 1.")
 
 
 def _check(source: str, target_efficiency: float, at_world_size: int, max_world_size: int, algos) -> None:
@@ -188,10 +267,13 @@ def _links(ctx: Context, args: dict) -> tuple[dict, int, str, object, list[str],
 
 
 def _above_table(above: pd.DataFrame, at_world_size: int, target: float) -> pd.DataFrame:
+    band = ([f"{fmt.pct1(a)}-{fmt.pct1(b)}" for a, b in zip(above["efficiency_lo"], above["efficiency_hi"])]
+            if "efficiency_lo" in above else ["" for _ in range(len(above))])
     return pd.DataFrame({
         "KAN": above["kan"], "parameters": above["n_params"].map(lambda v: f"{v:,}"), "algorithm": above["algo"],
         "bucket (MiB)": above["bucket_cap_mb"].map(lambda v: f"{v:g}"),
-        f"efficiency at {at_world_size}": above["efficiency"].map(fmt.pct1),
+        f"efficiency at {at_world_size}": above["efficiency"].map(fmt.pct1), "band": band,
+        "optimistic bound": above["efficiency_bound"].map(fmt.pct1) if "efficiency_bound" in above else "",
         "exposed (ms)": above["exposed_s"].map(fmt.ms), f">= {target:.0%}": above["above"].map(
             {True: "yes", False: "no"})})
 
@@ -221,13 +303,14 @@ def _summary(above: pd.DataFrame, at_world_size: int, target: float) -> str:
 
 
 def table(models: dict, kan_sizes, prof, bucket_caps_mb, max_world_size: int, gpus_per_node: int,
-          global_batch: int) -> Table:
+          global_batch: int, **straggler_kw) -> Table:
     """The prediction for every KAN size x bucket size x algorithm, 1 to ``max_world_size`` GPUs
-    (:func:`kanlib.analysis.commmodel.extrapolation_table`)."""
+    (:func:`kanlib.analysis.commmodel.extrapolation_table`; ``straggler_kw``: its ``rank_sigma``,
+    ``rank_sigma_interval``, ``contention`` and ``loo_rel_err``)."""
     sizes = {str(w): {"widths": w} for w in kan_sizes}
     return Table(commmodel.extrapolation_table(models, sizes, prof, bucket_caps_mb=tuple(bucket_caps_mb),
                                                max_world_size=max_world_size, gpus_per_node=gpus_per_node,
-                                               global_batch=global_batch))
+                                               global_batch=global_batch, **straggler_kw))
 
 
 def display_table(t: Table) -> pd.DataFrame:
@@ -267,17 +350,46 @@ def analyze(ctx: Context, preset_name: str = "h100-ndr", kan_sizes=None, bucket_
     if prof is None:
         prof = presets.preset(preset_name).compute_profile()
         prof_line = (prof_line + "; " if prof_line else "") + f"compute of preset {preset_name}: {prof.source}"
+    skw, strag_lines, val = _stragglers(ctx, fit, prof)
     try:
-        t = table(models, kan_sizes, prof, args["bucket_caps_mb"], max_world_size, gpn, global_batch)
+        t = table(models, kan_sizes, prof, args["bucket_caps_mb"], max_world_size, gpn, global_batch, **skw)
     except ValueError as e:  # a link the extrapolated placements need is missing from the fit
         a.message = f"No extrapolation: {e}."
         return a
+    a.extra.update(validation=val, stragglers=skw)
     _describe(a, ctx, t, models, prof, fit, args, gpn, links)
-    a.lines += [prof_line, bench_line] + notes
+    a.lines += [prof_line, bench_line] + notes + strag_lines
     a.message = (f"Extrapolation from {'measured links' if fit is not None else 'preset ' + preset_name}; presets are "
                  f"specifications, not measurements.")
+    if val is not None and not val.ok:
+        a.message += (" The model FAILED its leave-one-out check on this folder's DDP runs, so this extrapolation is "
+                      "not validated: read it as a what-if, not guidance.")
     a.records = t.data
     return a
+
+
+def _stragglers(ctx: Context, fit, prof) -> tuple[dict, list[str], object]:
+    """The straggler terms of the extrapolation and their sentences: with measured links, the per-rank spread and
+    the contention measured here and the leave-one-out error of the DDP model (its validation, or None); with a
+    preset, none (a CPU's spread says nothing of a GPU cluster's)."""
+    if fit is None:
+        return ({}, ["Stragglers: none assumed with preset links (no per-rank times of that cluster): the curve is "
+                     "the optimistic bound."], None)
+    sigma, interval, spread_line = measured_spread(ctx)
+    parity = calibration.ddp_parity(ctx)
+    val = commmodel.model_validation(parity)
+    con = commmodel.fitted_contention(parity)
+    err = val.step_max_abs_err if val.n_runs else 0.0
+    lines = [f"Stragglers: {spread_line}; the slowest of N ranks from its lognormal fit.",
+             f"Contention when communication shares the cores (fitted on {val.n_runs} DDP runs at up to "
+             f"{int(parity['world_size'].max())} processes, carried to every N): {con['contention']:+.0%} of compute, "
+             f"{con['sync_s'] * 1e3:.3g} ms per step, {con['per_bucket_s'] * 1e3:.3g} ms per bucket."
+             if val.n_runs else "Contention: no DDP run with a no-op twin to fit it on (0).",
+             val.sentence + (f" The band adds the largest leave-one-out step error ({err:.0%})." if val.n_runs else
+                             " The band is the straggler spread's alone.")]
+    hf, hf_line = host_factor(ctx, prof)
+    return ({"rank_sigma": sigma, "rank_sigma_interval": interval, "loo_rel_err": err, "host_factor": hf, **con},
+            lines + [hf_line], val)
 
 
 def _describe(a: StudyAnalysis, ctx: Context, t: Table, models: dict, prof, fit, args: dict, gpn: int,
@@ -286,13 +398,20 @@ def _describe(a: StudyAnalysis, ctx: Context, t: Table, models: dict, prof, fit,
     table = t.data
     target, at_n, max_n = args["target_efficiency"], args["at_world_size"], args["max_world_size"]
     a.extra.update(table=table, models=models, profile=prof, gpus_per_node=gpn)
-    measured = measured_points(ctx, models.get("ring") or next(iter(models.values())), prof) \
+    skw = a.extra.get("stragglers") or {}
+    measured = measured_points(ctx, models.get("ring") or next(iter(models.values())), prof,
+                               **{k: v for k, v in skw.items()
+                                  if k in ("rank_sigma", "host_factor") + commmodel.CONTENTION_TERMS}) \
         if fit is not None else pd.DataFrame()
     a.add_figure("efficiency", figure(table, measured, target), (
         f"Predicted strong-scaling efficiency and exposed communication share, 1 to {max_n} GPUs "
         f"({gpn} per node), global batch {args['global_batch']}, for each KAN size (shade), algorithm (line style) "
         f"and bucket size (subplot pair); {links}; compute: {prof.source}. The dotted line is the target "
-        f"{target:.0%}. An optimistic bound: no stragglers, congestion or NIC sharing."
+        f"{target:.0%}. "
+        + ("Lines: the straggler model (the slowest of N ranks, contention measured here); shaded: its band (the "
+           "per-rank spread's interval and the leave-one-out error); thin lines: the optimistic bound without "
+           "stragglers or contention. Neither has congestion or NIC sharing."
+           if fit is not None else "An optimistic bound: no stragglers, congestion or NIC sharing.")
         + (" Filled markers: measured strong-scaling points; open: the model for the same configuration."
            if len(measured) else "")))
     above = commmodel.sizes_above(table, target, at_n)
