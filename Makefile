@@ -52,7 +52,8 @@ notebooks: $(STAMP)
 # A parameter set that launches through SLURM (its launch.yaml says launcher: slurm) runs as one allocation:
 # outside one, make study submits one batch job that runs make study on its first node, where every sweep's worker
 # groups are job steps; inside one (salloc, then make study) it runs here. Every study starts with a look at the
-# machine (runners/preflight.py, kept in OUT/preflight/).
+# machine (runners/preflight.py, kept in OUT/preflight/), and ends with one screen: the guidelines' decisions, their
+# intervals and which rest on unstable or disturbed points (python -m kanlib.guidelines --summary OUT).
 study: notebooks
 	@out="$(OUT)"; case "$$out" in /*) ;; *) out="$$PWD/$$out";; esac; \
 	mkdir -p "$$out/notebooks" || exit 1; \
@@ -74,7 +75,8 @@ study: notebooks
 	set -- ; for nb in $(ANALYSES) 05_guidelines; do set -- "$$@" "$$out/notebooks/$$nb.ipynb"; done; \
 	$(PY) -m runners.notebook html "$$@" >/dev/null || exit 1; \
 	echo "Study written under $$out/: records per study, figures in $$out/figures/, executed notebooks and their HTML in $$out/notebooks/"; \
-	echo "Report: $$out/report.html"
+	echo "Report: $$out/report.html"; \
+	echo; $(PY) -m kanlib.guidelines --summary "$$out"
 
 # JupyterLab on 127.0.0.1 with jupytext: notebooks/*.py open as notebooks (double-click) and save back as
 # text without outputs. --allow-root only when run as root. Settings live in build/lab (ignored).

@@ -75,7 +75,7 @@ def table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, ...] | N
             work = {k: at[k].iloc[0] for k in ("widths", "global_batch") if k in at and k not in key}
             rows.append({**key, **work, "world_size": n, "nnodes": nodes, "nproc_per_node": ppn,
                          "placement": groups.placement_of(nodes, ppn), "inter_node": nodes > 1, "n_runs": int(v.size),
-                         metric: med, f"{metric}_lo": lo, f"{metric}_hi": hi,
+                         metric: med, f"{metric}_lo": lo, f"{metric}_hi": hi, f"{metric}_runs": tuple(v.tolist()),
                          "speedup": sp, "speedup_lo": sp_lo, "speedup_hi": sp_hi,
                          "efficiency": sp / n, "efficiency_lo": sp_lo / n, "efficiency_hi": sp_hi / n,
                          "local_batch": gb // n if gb else np.nan, "work_per_process_s": t0 * n0 / n})
