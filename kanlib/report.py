@@ -274,9 +274,7 @@ def _not_here(m: dict) -> str:
 
 def _ci(row, col: str, f) -> str:
     """A table row's value with its interval, or its runs when too few for one."""
-    if fmt.too_few(row.get("n_runs")):
-        return fmt.runs_text(row[col], int(row["n_runs"]), f)
-    return fmt.ci_text(row[col], row.get(f"{col}_lo", float("nan")), row.get(f"{col}_hi", float("nan")), f)
+    return fmt.row_ci(row, col, f)
 
 
 def verdicts(all_a: dict[str, StudyAnalysis], guidelines=None, out_dir: str = "", ctx: Context | None = None

@@ -177,7 +177,7 @@ def point_stability(df: pd.DataFrame, metric: str = "step_time_s", margin: float
     df = groups.with_placement(load.mark_disturbed(df))
     rows = []
     for study, ds in df.groupby("study", sort=True) if "study" in df else [("", df)]:
-        d = groups.design(ds, study, axes=("placement",))
+        d = groups.design(ds, study, axes=("placement", *groups.PLACEMENT_AXES))
         keys = [f for f in d.groups if f != "disturbed"] + ["placement"]
         for key, g in groups.groupby(ds, keys):
             bad = g[g["disturbed"]]

@@ -101,6 +101,14 @@ def ci_column(t: pd.DataFrame, col: str, fmt, lo: str | None = None, hi: str | N
             for v, a, b, k, r in zip(t[col], t[lo or f"{col}_lo"], t[hi or f"{col}_hi"], n, runs)]
 
 
+def row_ci(row, col: str, fmt, lo: str | None = None, hi: str | None = None) -> str:
+    """A table row's ``col`` as :func:`ci_text`, or :func:`runs_text` when the row has fewer runs (``n_runs``)
+    than an interval needs."""
+    if too_few(row.get("n_runs")):
+        return runs_text(row[col], int(row["n_runs"]), fmt, row.get(f"{col}_runs"))
+    return ci_text(row[col], row.get(lo or f"{col}_lo", np.nan), row.get(hi or f"{col}_hi", np.nan), fmt)
+
+
 def pct_ci(row, col: str, lo: str | None = None, hi: str | None = None) -> str:
     """``91% [88%, 93%]``: a row's fraction ``col`` with its interval (always both bounds, ``n/a`` if missing);
     ``82% (2 runs)`` when the row has fewer runs (``n_runs``) than an interval needs."""

@@ -272,7 +272,7 @@ def finding(a: StudyAnalysis) -> list[dict]:
     lo, hi = t.loc[t["overhead_fraction"].idxmin()], t.loc[t["overhead_fraction"].idxmax()]
 
     def point(r):
-        return (f"{fmt.ci_text(r['overhead_fraction'], r['overhead_lo'], r['overhead_hi'], fmt.pct1)} "
+        return (f"{fmt.row_ci(r, 'overhead_fraction', fmt.pct1, 'overhead_lo', 'overhead_hi')} "
                 f"({r['placement']}, {r['bucket_cap_mb']:g} MiB)")
 
     return [{"study": SECTION, "topic": "Communication overhead (exposed / step)",

@@ -240,8 +240,8 @@ def finding(a: StudyAnalysis) -> list[dict]:
     for p, g in t[t["world_size"] == n].groupby("placement"):
         r = g.sort_values("work_per_process_s").iloc[-1]  # the most work per process at that placement
         grp = groups.group_label({f: r[f] for f in a.table.group_fields()})
-        parts.append(f"{p}: speedup {fmt.ci_text(r['speedup'], r['speedup_lo'], r['speedup_hi'], fmt.x)}, efficiency "
-                     f"{fmt.ci_text(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'], fmt.pct)} ({grp})")
+        parts.append(f"{p}: speedup {fmt.row_ci(r, 'speedup', fmt.x)}, efficiency "
+                     f"{fmt.row_ci(r, 'efficiency', fmt.pct)} ({grp})")
     m = t[t["world_size"] > 1]
     if len(m) > 1:
         rising = {p: g.sort_values("work_per_process_s")["efficiency"].iloc[-1] >
