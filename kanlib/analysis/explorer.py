@@ -155,6 +155,14 @@ def show_explorer(df: pd.DataFrame, study: str, views: dict[str, View] | None = 
     executed notebook or an HTML export (no kernel) still shows the figure."""
     from IPython.display import Markdown, display
 
-    display(explorer(df, study, views))
+    panel = explorer(df, study, views)
+    # a saved notebook has no widget state: JupyterLab then shows the text/plain part, which by default is the raw
+    # repr "VBox(children=...)"; say what it is instead
+    bundle = panel._repr_mimebundle_() if hasattr(panel, "_repr_mimebundle_") else None
+    if isinstance(bundle, dict):
+        bundle["text/plain"] = "Explorer (study, x, metric, model and size controls): needs a live kernel; run the cell."
+        display(bundle, raw=True)
+    else:
+        display(panel)
     display(Markdown("*Static copy of the explorer's first view (the controls above need a live kernel):*"))
     explorer_figure(df, study, views=views).show()
