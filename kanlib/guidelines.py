@@ -155,12 +155,16 @@ def compute_guidelines(df: pd.DataFrame, target_efficiency: float = 0.8,
 
 def from_out_dir(out_dir: str, code: str = "newest", target_efficiency: float = 0.8,
                  memory_budget_bytes: float = 80 * 2**30, step_time_budget_s: float = 1.0,
-                 bench_time_col: str = "time_s_p10", val_loss_tolerance: float = 0.01) -> Guidelines:
+                 bench_time_col: str = "time_s_p10", val_loss_tolerance: float = 0.01,
+                 disturbed: str = "leave_out") -> Guidelines:
     """The guidelines of every record under ``out_dir`` (code versions chosen by ``code``, see
-    :meth:`kanlib.analysis.load.Records.select`) and the collective-benchmark records there; with no
-    record, a Guidelines whose only sentence says "no records under ..."."""
+    :meth:`kanlib.analysis.load.Records.select`; disturbed runs left out, or kept apart with
+    ``disturbed="keep"``) and the collective-benchmark records there; with no record, a Guidelines whose only
+    sentence says "no records under ..."."""
     goals = Goals(target_efficiency, memory_budget_bytes, step_time_budget_s, val_loss_tolerance)
-    ctx = Context(out_dir, code, bench_time_col=bench_time_col, val_loss_tolerance=val_loss_tolerance)
+    load.check_disturbed_policy(disturbed)
+    ctx = Context(out_dir, code, bench_time_col=bench_time_col, val_loss_tolerance=val_loss_tolerance,
+                  disturbed=disturbed)
     try:
         ctx.runs()
     except load.NoRecordsError as e:
@@ -215,8 +219,9 @@ def summary(g: Guidelines, width: int = 110) -> str:
         if len(st):
             n_dist = int(st["n_disturbed"].sum())
             spread = st[st["why"].str.contains("spread")]
+            kept = "kept" if ctx.disturbed == "keep" else "left out"
             lines.append(f"{len(st)} measured points: {int(st['unstable'].sum())} unstable ({len(spread)} by spread "
-                         f"> {stats.MARGIN:.0%}, {n_dist} disturbed run(s) {'kept' if ctx.disturbed == 'keep' else 'left out'}"
+                         f"> {stats.MARGIN:.0%}, {n_dist} disturbed run(s) {kept}"
                          f", {int((st['n_runs'] < stats.MIN_RUNS).sum())} with fewer than {stats.MIN_RUNS} runs)")
         mc = ctx.model_check()
         lines.append(mc.describe()[0].upper() + mc.describe()[1:] + ".")

@@ -188,13 +188,19 @@ CLAIMS = (
 PAPER_GPUS, PAPER_NODES = 8, 4
 
 
-def machine(all_a: dict[str, StudyAnalysis], out_dir: str = "", disturbed: list | None = None) -> dict:
+def machine(all_a: dict[str, StudyAnalysis], out_dir: str = "", disturbed: list | None = None,
+            ctx: Context | None = None) -> dict:
     """The machine described from the records (and the study's pre-flight look when kept): hosts, CPUs per run,
     GPU, what a "node" is here, and the interference the runs measured. Keys: ``rows`` (label, text) and the
     facts the verdicts use: ``on_gpu``, ``max_n``, ``real_nodes`` (several hosts), ``hosts``. ``disturbed``: the
     selection's disturbed runs (:attr:`kanlib.analysis.load.Selection.disturbed`)."""
     disturbed = disturbed or []
     frames = [a.records for _, a in _with_records(all_a)]
+    if ctx is not None and ctx.frame is None:  # every run, the disturbed ones too: they describe the machine best
+        try:
+            frames = [ctx.records.select(None, ctx.code, "keep").data]
+        except load.NoRecordsError:
+            pass
     if not frames:
         return {"rows": [("records", "none")], "on_gpu": False, "max_n": 0, "real_nodes": False, "hosts": []}
     r = groups.with_placement(pd.concat(frames, ignore_index=True))
@@ -254,10 +260,19 @@ def _preflight(out_dir: str) -> dict:
 
 
 def _disturbed(ctx: Context | None) -> list:
-    try:
-        return ctx.runs().disturbed if ctx is not None else []
-    except load.NoRecordsError:
+    """The disturbed runs of the context's folder (what its policy did with them), even when every run was."""
+    if ctx is None:
         return []
+    try:
+        return ctx.runs().disturbed
+    except load.NoRecordsError:
+        if ctx.frame is not None:
+            return []
+        try:
+            flagged = ctx.records.select(None, ctx.code, "keep").disturbed
+        except load.NoRecordsError:
+            return []
+        return [{**d, "kept": ctx.disturbed == "keep"} for d in flagged]
 
 
 def _not_here(m: dict) -> str:
@@ -283,7 +298,7 @@ def verdicts(all_a: dict[str, StudyAnalysis], guidelines=None, out_dir: str = ""
     "study"}``, the verdict one of :data:`VERDICTS`: untested without records; not comparable here when this
     machine differs from the paper's in what the claim depends on (GPUs, 8 processes, real nodes); else confirmed
     or contradicted by the one number given."""
-    m = machine(all_a, out_dir, _disturbed(ctx))
+    m = machine(all_a, out_dir, _disturbed(ctx), ctx)
     other = _not_here(m)
     out = []
     for claim, study, published in CLAIMS:
@@ -432,10 +447,7 @@ def stability_html(ctx: Context) -> str:
     head = (f"<p>{len(bad)} of {len(st)} measured points are unstable: their runs spread wider than the "
             f"{stats.MARGIN:.0%} margin the guidelines decide by, a run was disturbed, or they have fewer than "
             f"{stats.MIN_RUNS} runs (an interval needs {stats.MIN_RUNS}). Guidelines resting on them say so.</p>")
-    try:
-        note = ctx.runs().disturbed_note
-    except load.NoRecordsError:
-        note = ""
+    note = load.disturbed_note(_disturbed(ctx), ctx.disturbed)
     if note:
         head += f"<p class='note'>{html.escape(note)}</p>"
     if bad.empty:
@@ -454,7 +466,7 @@ def front_page_html(all_a: dict[str, StudyAnalysis], guidelines, out_dir: str, c
     mc = ctx.model_check()
     model = "" if mc.usable else f"<p class='warn'>{html.escape(mc.describe()[0].upper() + mc.describe()[1:])}.</p>"
     return (_verdict_html(vs) + model + "<div class='two'><div>" + _own_html(findings(all_a)) + "</div><div>"
-            + _machine_html(machine(all_a, out_dir, _disturbed(ctx))) + "</div></div>")
+            + _machine_html(machine(all_a, out_dir, _disturbed(ctx), ctx)) + "</div></div>")
 
 
 # -- methods and records ------------------------------------------------------------------------------
@@ -652,7 +664,7 @@ def readme_results(out_dir: str, guidelines=None) -> str:
     g = guidelines or _g.from_out_dir(out_dir)
     ctx = g.context if g.context is not None else context(out_dir)
     all_a = analyses(out_dir, ctx=ctx)
-    m = machine(all_a, out_dir, _disturbed(ctx))
+    m = machine(all_a, out_dir, _disturbed(ctx), ctx)
     try:
         shas = fmt.distinct(ctx.runs().data, "git_sha")
     except load.NoRecordsError:

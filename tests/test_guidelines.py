@@ -63,7 +63,8 @@ def test_guidelines_answer_with_placements_and_numbers(tmp_path):
     assert w["1x4: smallest per-process batch with weak efficiency >= 0.8 | kan"].startswith("64 samples per process")
     assert w["2x2: smallest per-process batch with weak efficiency >= 0.8 | kan"].startswith("128 samples per process")
     c = answers(g, "communication")
-    assert c["N=4: placement exposing the least communication | kan"].startswith("1x4: 1 ms exposed (9% (2 runs) of the step)")
+    assert c["N=4: placement exposing the least communication | kan"].startswith(
+        "1x4: 1 ms exposed (9% (2 runs) of the step)")
     assert c["1x4: bucket size minimising exposed communication | kan"].startswith("4 MiB")
     assert c["2x2: bucket size minimising exposed communication | kan"].startswith("25 MiB")
     model = answers(g, "communication model")

@@ -160,7 +160,8 @@ def show_explorer(df: pd.DataFrame, study: str, views: dict[str, View] | None = 
     # repr "VBox(children=...)"; say what it is instead
     bundle = panel._repr_mimebundle_() if hasattr(panel, "_repr_mimebundle_") else None
     if isinstance(bundle, dict):
-        bundle["text/plain"] = "Explorer (study, x, metric, model and size controls): needs a live kernel; run the cell."
+        bundle["text/plain"] = ("Explorer (study, x, metric, model and size controls): needs a live kernel; "
+                                "run the cell.")
         display(bundle, raw=True)
     else:
         display(panel)

@@ -429,8 +429,8 @@ def _prediction_answer(sel: pd.DataFrame, key: dict, p: str, label: str, fits: d
                 f"({pr['n_params']} parameters, global batch {pr['global_batch']}, {pr['n_buckets']} "
                 f"bucket(s), {pr['placement_per_node']} processes per node) predicts {n_txt}; an optimistic "
                 f"bound that ignores stragglers and congestion"
-                + (f"; the model's own error, ±{band:.0%} on exposed communication, travels with it." if np.isfinite(band)
-                   else "."))
+                + (f"; the model's own error, ±{band:.0%} on exposed communication, travels with it."
+                   if np.isfinite(band) else "."))
     rows.append({"question": question, "group": label, "answer": ans, "value": float(n_pred or 1),
                  "basis": "communication model"})
 

@@ -295,7 +295,8 @@ def finding(a: StudyAnalysis) -> list[dict]:
         not a.records["device"].astype(str).str.startswith("cuda").any()
     if on_cpu and parts:  # a CPU process's peak resident set, not the memory the parameters take
         parts.append(f"an artefact on CPU: peak memory is the process's resident set, "
-                     f"{fmt.mib(t['peak_mem_bytes'].min())}-{fmt.mib(t['peak_mem_bytes'].max())} MiB whatever the size, "
+                     f"{fmt.mib(t['peak_mem_bytes'].min())}-{fmt.mib(t['peak_mem_bytes'].max())} MiB whatever the "
+                     f"size, "
                      f"so parameters per byte rise with the parameters alone")
     out = [{"study": SECTION, "topic": "Parameters per byte of peak memory against model size",
             "ours": "; ".join(parts) or "fewer than two sizes per model", "published": PUBLISHED}]
