@@ -213,7 +213,7 @@ def machine(all_a: dict[str, StudyAnalysis], out_dir: str = "", disturbed: list 
     cpus = pre.get("cpus") if pre else None
     rows = [("hosts", ", ".join(hosts) or "not recorded"),
             ("compute", (fmt.distinct(r, "device_name") + " (GPU)") if on_gpu else
-             f"CPU only: no GPU; {cpus or '?'} CPU(s) on the host" + (f", rank 0 pinned to CPUs "
+             "CPU only: no GPU" + (f"; {cpus} CPU(s) on the host" if cpus else "") + (f"; rank 0 pinned to CPUs "
                                                                     f"{fmt.distinct(r, 'rank0_cpus')}"
                                                                     if "rank0_cpus" in r else ""))]
     if len(multi):
@@ -233,7 +233,7 @@ def machine(all_a: dict[str, StudyAnalysis], out_dir: str = "", disturbed: list 
                                                                      else ""))
     if disturbed:
         inter.append(f"{len(disturbed)} run(s) disturbed (" + ("kept apart" if disturbed[0]["kept"] else "left out")
-                     + "): " + ", ".join(d["run"] for d in disturbed[:4]) + (" ..." if len(disturbed) > 4 else ""))
+                     + "; named under Stability)")
     else:
         inter.append(f"no run of {len(r)} disturbed")
     if pre:
@@ -298,14 +298,19 @@ def verdicts(all_a: dict[str, StudyAnalysis], guidelines=None, out_dir: str = ""
     "study"}``, the verdict one of :data:`VERDICTS`: untested without records; not comparable here when this
     machine differs from the paper's in what the claim depends on (GPUs, 8 processes, real nodes); else confirmed
     or contradicted by the one number given."""
-    m = machine(all_a, out_dir, _disturbed(ctx), ctx)
+    dist = _disturbed(ctx)
+    m = machine(all_a, out_dir, dist, ctx)
     other = _not_here(m)
     out = []
     for claim, study, published in CLAIMS:
         a = all_a.get(study) if study else None
         v = {"claim": claim, "published": published, "study": study or "guidelines"}
         if study and (a is None or a.empty or a.table is None or a.table.empty):
-            out.append({**v, "verdict": "untested", "number": "no records", "why": f"no {study} records here"})
+            gone = [d for d in dist if d["study"] == study and not d["kept"]]
+            why = (f"every {study} run was disturbed ({len(gone)} left out; disturbed='keep' shows them apart)"
+                   if gone else f"no {study} records here")
+            out.append({**v, "verdict": "untested", "number": "no undisturbed records" if gone else "no records",
+                        "why": why})
             continue
         out.append({**v, **_judge(claim, a, m, other, guidelines, ctx)})
     return out
@@ -343,7 +348,9 @@ def _judge(claim: str, a, m: dict, other: str, guidelines, ctx) -> dict:
             t = t[t["comm_hook"] == "timed"]
         if t.empty:
             return {"verdict": "untested", "number": "no timed DDP point with its no-op twin", "why": ""}
-        num = f"{t['overhead_fraction'].min():.1%}-{t['overhead_fraction'].max():.1%} of the step"
+        lo, hi = t["overhead_fraction"].min(), t["overhead_fraction"].max()
+        num = (f"{lo:.1%}-{hi:.1%}" if f"{lo:.1%}" != f"{hi:.1%}" else f"{lo:.1%}") + " of the step" \
+            + (f" ({len(t)} points)" if len(t) > 1 else "")
         if other:
             return {"verdict": nc, "number": num, "why": other}
         ok = t["overhead_fraction"].max() <= 0.061 * 1.5

@@ -263,7 +263,7 @@ def test_front_page_gives_a_verdict_per_published_claim_and_describes_the_machin
     body = open(report.build_report(str(full_study_dir), guidelines=g)).read()
     front = body[body.index("id='front'"):body.index("id='stability'")]
     assert "id='verdicts'" in front and "id='own-findings'" in front and "loopback" in front
-    assert "1 run(s) disturbed (left out)" in front
+    assert "1 run(s) disturbed (left out; named under Stability)" in front
     assert "Step time against model size" in body and "time scales unfavourably" in body
     stab = body[body.index("id='stability'"):body.index("id='findings'")]
     assert "disturbed run(s) left out" in stab and "too few repeats" in stab
