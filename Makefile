@@ -78,8 +78,9 @@ study: notebooks
 	echo "Report: $$out/report.html"; \
 	echo; $(PY) -m kanlib.guidelines --summary "$$out"
 
-# JupyterLab on 127.0.0.1 with jupytext: notebooks/*.py open as notebooks (double-click) and save back as
-# text without outputs. --allow-root only when run as root. Settings live in build/lab (ignored).
+# JupyterLab on 127.0.0.1 with jupytext, rooted at notebooks/: the notebooks/*.py open as notebooks (double-click) and
+# save back as text without outputs; the library's .py files are not under that root, so none opens as a notebook.
+# --allow-root only when run as root. Settings live in build/lab (ignored).
 lab: $(STAMP)
 	@mkdir -p build/lab/user-settings/@jupyterlab/docmanager-extension
 	@test -f build/lab/user-settings/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings || \
@@ -87,7 +88,7 @@ lab: $(STAMP)
 	  > build/lab/user-settings/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings
 	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
 	  --LabApp.user_settings_dir=build/lab/user-settings --LabApp.workspaces_dir=build/lab/workspaces \
-	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) --ServerApp.root_dir=. --ServerApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
+	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) --ServerApp.root_dir=notebooks --ServerApp.default_url=/lab/tree $(LAB_ARGS)
 
 test: notebooks
 	$(PY) -m pytest -q -p no:cacheprovider tests $(NB_BUILD) --nbval-lax
