@@ -101,6 +101,21 @@ def rests_on(pts: pd.DataFrame) -> str:
             + "; ".join(f"{r['point']} ({r['why']})" for _, r in bad.iterrows()))
 
 
+def unstable_sentences(stability: pd.DataFrame) -> list[str]:
+    """pyperf's warning, per point: every point whose runs spread wider than the decision margin or that had a
+    disturbed run, with why; the points with too few runs are counted (each is also in the report's list)."""
+    if stability.empty:
+        return []
+    bad = stability[stability["unstable"]]
+    loud = bad[bad["why"].str.contains("spread|disturbed")]
+    out = [f"Unstable: {r['study']} {r['point']}: {r['why']}." for _, r in loud.iterrows()]
+    few = bad[bad["n_runs"] < stats.MIN_RUNS]
+    if len(few):
+        out.append(f"Unstable: {len(few)} of {len(stability)} measured points have fewer than {stats.MIN_RUNS} runs "
+                   f"(too few repeats for an interval).")
+    return out
+
+
 def annotate(rows: list[dict], stability: pd.DataFrame, study: str) -> list[dict]:
     """Each answer of ``study`` with ``runs`` (fewest runs of a point it rests on), ``ranked`` and ``rests_on``."""
     out = []
@@ -124,6 +139,7 @@ def guidelines_of(ctx: Context, goals: Goals) -> Guidelines:
             text += t
     if not rows and not text:
         text.append(f"No study records to derive guidelines from (have studies: {sorted(have)}).")
+    text += unstable_sentences(stability)
     unranked = [r for r in rows if not r["ranked"]]
     if unranked:
         text.append(f"Not ranked: {len(unranked)} of {len(rows)} answers rest on points with fewer than "

@@ -143,6 +143,7 @@ def test_unstable_points_are_named_with_the_reason_and_the_summary_fits_a_screen
     p11 = st[st["placement"] == "1x1"].iloc[0]
     assert p11["why"] == "1 disturbed run(s) left out" and p11["n_runs"] == 5
     assert "1x2 (spread 31%" in gb.table.iloc[0]["rests_on"]
+    assert "Unstable: strong_scaling 1x2: spread 31% of the median > the 10% decision margin." in gb.sentences
     text = guidelines.summary(gb)
     assert len(text.splitlines()) <= 25 and text.splitlines()[1].startswith("! placement with efficiency")
     assert "1 decisions; 1 rest on unstable or disturbed points" in text
