@@ -52,7 +52,8 @@ notebooks: $(STAMP)
 # A parameter set that launches through SLURM (its launch.yaml says launcher: slurm) runs as one allocation:
 # outside one, make study submits one batch job that runs make study on its first node, where every sweep's worker
 # groups are job steps; inside one (salloc, then make study) it runs here. Every study starts with a look at the
-# machine (runners/preflight.py, kept in OUT/preflight/).
+# machine (runners/preflight.py, kept in OUT/preflight/), and ends with one screen: the guidelines' decisions, their
+# intervals and which rest on unstable or disturbed points (python -m kanlib.guidelines --summary OUT).
 study: notebooks
 	@out="$(OUT)"; case "$$out" in /*) ;; *) out="$$PWD/$$out";; esac; \
 	mkdir -p "$$out/notebooks" || exit 1; \
@@ -74,10 +75,12 @@ study: notebooks
 	set -- ; for nb in $(ANALYSES) 05_guidelines; do set -- "$$@" "$$out/notebooks/$$nb.ipynb"; done; \
 	$(PY) -m runners.notebook html "$$@" >/dev/null || exit 1; \
 	echo "Study written under $$out/: records per study, figures in $$out/figures/, executed notebooks and their HTML in $$out/notebooks/"; \
-	echo "Report: $$out/report.html"
+	echo "Report: $$out/report.html"; \
+	echo; $(PY) -m kanlib.guidelines --summary "$$out"
 
-# JupyterLab on 127.0.0.1 with jupytext: notebooks/*.py open as notebooks (double-click) and save back as
-# text without outputs. --allow-root only when run as root. Settings live in build/lab (ignored).
+# JupyterLab on 127.0.0.1 with jupytext, rooted at notebooks/: the notebooks/*.py open as notebooks (double-click) and
+# save back as text without outputs; the library's .py files are not under that root, so none opens as a notebook.
+# --allow-root only when run as root. Settings live in build/lab (ignored).
 lab: $(STAMP)
 	@mkdir -p build/lab/user-settings/@jupyterlab/docmanager-extension
 	@test -f build/lab/user-settings/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings || \
@@ -85,7 +88,7 @@ lab: $(STAMP)
 	  > build/lab/user-settings/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings
 	$(PY) -m jupyter lab --no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
 	  --LabApp.user_settings_dir=build/lab/user-settings --LabApp.workspaces_dir=build/lab/workspaces \
-	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) --ServerApp.root_dir=. --ServerApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
+	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) --ServerApp.root_dir=notebooks --ServerApp.default_url=/lab/tree $(LAB_ARGS)
 
 test: notebooks
 	$(PY) -m pytest -q -p no:cacheprovider tests $(NB_BUILD) --nbval-lax

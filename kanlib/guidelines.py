@@ -11,6 +11,13 @@ validation loss within a tolerance of plain DDP (options); the size beyond which
 limits a process, and the size from which FSDP pays (model size); the placement that reaches the target
 validation loss soonest (time to accuracy); the fastest kernel x placement (compounding).
 
+Stability, as pyperf says it: every answer names the points it rests on that are unstable (their runs spread wider
+than the decision margin, a disturbed run, fewer runs than an interval needs; :meth:`Context.stability`) in its
+``rests_on`` column, and ``ranked`` is False where its points have fewer than
+:data:`kanlib.analysis.stats.MIN_RUNS` runs: such an answer is shown, never ranked on.
+``python -m kanlib.guidelines --summary OUT`` prints one screen: the decisions, their intervals and what they rest
+on (``make study`` ends with it).
+
 A NaN, infinite, zero or negative value never meets a target (:func:`kanlib.analysis.stats.meets`). When the
 data cannot answer a question, the answer says why (one placement only, too few points, ...), with the best
 measured number where there is one.
@@ -19,15 +26,19 @@ measured number where there is one.
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass, field
 
 import pandas as pd
 
 from kanlib import studies
-from kanlib.analysis import load
+from kanlib.analysis import groups, load, stats
 from kanlib.analysis.context import Context, Goals
 
-COLUMNS = ["question", "group", "answer", "value", "basis"]
+COLUMNS = ["question", "group", "answer", "value", "basis", "runs", "ranked", "rests_on"]
+"""Each answer: the question, the group of records it answers for, the answer (``decision: detail``), its value,
+the study it comes from, the fewest runs of any point it rests on, whether that is enough to rank on
+(:data:`kanlib.analysis.stats.MIN_RUNS`), and the unstable points it rests on ('' when none)."""
 
 
 def decision(answer: str) -> str:
@@ -54,20 +65,90 @@ class Guidelines:
         return "\n".join(self.sentences)
 
 
+_PLACEMENT_Q = re.compile(r"^(\d+x\d+):")
+
+
+def points_of(row: dict, stability: pd.DataFrame, study: str) -> pd.DataFrame:
+    """The measured points (rows of :meth:`Context.stability`) an answer of ``study`` rests on: those of its group
+    (every field the group label names has the point's value) and, for a question about one placement, of that
+    placement."""
+    pts = stability[stability["study"] == study]
+    label, keep = str(row.get("group", "")), []
+    m = _PLACEMENT_Q.match(str(row.get("question", "")))
+    for _, p in pts.iterrows():
+        key = p["key"]
+        if m and key.get("placement") != m.group(1):
+            keep.append(False)
+            continue
+        ok = True
+        for f, v in key.items():
+            if f == "placement":
+                continue
+            if f == "model":
+                ok &= label.split(",")[0].strip() == str(v) or not label
+            elif f"{f}=" in label:
+                ok &= groups.group_label({f: v}) in label
+        keep.append(ok)
+    return pts[keep] if len(pts) else pts
+
+
+def rests_on(pts: pd.DataFrame) -> str:
+    """What makes the points unstable, counted by reason: ``"2 of 3 points unstable: 1x2 (spread 14% ...)"``."""
+    bad = pts[pts["unstable"]] if len(pts) else pts
+    if not len(bad):
+        return ""
+    return (f"{len(bad)} of {len(pts)} point(s) unstable: "
+            + "; ".join(f"{r['point']} ({r['why']})" for _, r in bad.iterrows()))
+
+
+def unstable_sentences(stability: pd.DataFrame) -> list[str]:
+    """pyperf's warning, per point: every point whose runs spread wider than the decision margin or that had a
+    disturbed run, with why; the points with too few runs are counted (each is also in the report's list)."""
+    if stability.empty:
+        return []
+    bad = stability[stability["unstable"]]
+    loud = bad[bad["why"].str.contains("spread|disturbed")]
+    out = [f"Unstable: {r['study']} {r['point']}: {r['why']}." for _, r in loud.iterrows()]
+    few = bad[bad["n_runs"] < stats.MIN_RUNS]
+    if len(few):
+        out.append(f"Unstable: {len(few)} of {len(stability)} measured points have fewer than {stats.MIN_RUNS} runs "
+                   f"(too few repeats for an interval).")
+    return out
+
+
+def annotate(rows: list[dict], stability: pd.DataFrame, study: str) -> list[dict]:
+    """Each answer of ``study`` with ``runs`` (fewest runs of a point it rests on), ``ranked`` and ``rests_on``."""
+    out = []
+    for r in rows:
+        pts = points_of(r, stability, study) if len(stability) else stability
+        runs = int(pts["n_runs"].min()) if len(pts) else 0
+        out.append({**r, "runs": runs, "ranked": runs >= stats.MIN_RUNS, "rests_on": rests_on(pts)})
+    return out
+
+
 def guidelines_of(ctx: Context, goals: Goals) -> Guidelines:
-    """Every guideline the records of ``ctx`` allow, study module by study module in run order."""
+    """Every guideline the records of ``ctx`` allow, study module by study module in run order; each answer says
+    what it rests on (:func:`annotate`)."""
     rows, text = [], []
     have = ctx.studies()
+    stability = ctx.stability()
     for m in studies.STUDIES:
         if m.RECORDS in have:
             r, t = m.guideline(ctx, goals)
-            rows += r
+            rows += annotate(r, stability, m.RECORDS)
             text += t
     if not rows and not text:
         text.append(f"No study records to derive guidelines from (have studies: {sorted(have)}).")
-    note = ctx.runs().code_note if have else ""
-    if note:
-        text.append(note)
+    text += unstable_sentences(stability)
+    unranked = [r for r in rows if not r["ranked"]]
+    if unranked:
+        text.append(f"Not ranked: {len(unranked)} of {len(rows)} answers rest on points with fewer than "
+                    f"{stats.MIN_RUNS} runs (an interval needs {stats.MIN_RUNS}); they show what was measured and "
+                    f"decide nothing.")
+    sel = ctx.runs() if have else None
+    for note in (sel.disturbed_note, sel.code_note) if sel is not None else ():
+        if note:
+            text.append(note)
     return Guidelines(pd.DataFrame(rows, columns=COLUMNS), text, ctx)
 
 
@@ -90,12 +171,16 @@ def compute_guidelines(df: pd.DataFrame, target_efficiency: float = 0.8,
 
 def from_out_dir(out_dir: str, code: str = "newest", target_efficiency: float = 0.8,
                  memory_budget_bytes: float = 80 * 2**30, step_time_budget_s: float = 1.0,
-                 bench_time_col: str = "time_s_p10", val_loss_tolerance: float = 0.01) -> Guidelines:
+                 bench_time_col: str = "time_s_p10", val_loss_tolerance: float = 0.01,
+                 disturbed: str = "leave_out") -> Guidelines:
     """The guidelines of every record under ``out_dir`` (code versions chosen by ``code``, see
-    :meth:`kanlib.analysis.load.Records.select`) and the collective-benchmark records there; with no
-    record, a Guidelines whose only sentence says "no records under ..."."""
+    :meth:`kanlib.analysis.load.Records.select`; disturbed runs left out, or kept apart with
+    ``disturbed="keep"``) and the collective-benchmark records there; with no record, a Guidelines whose only
+    sentence says "no records under ..."."""
     goals = Goals(target_efficiency, memory_budget_bytes, step_time_budget_s, val_loss_tolerance)
-    ctx = Context(out_dir, code, bench_time_col=bench_time_col, val_loss_tolerance=val_loss_tolerance)
+    load.check_disturbed_policy(disturbed)
+    ctx = Context(out_dir, code, bench_time_col=bench_time_col, val_loss_tolerance=val_loss_tolerance,
+                  disturbed=disturbed)
     try:
         ctx.runs()
     except load.NoRecordsError as e:
@@ -108,12 +193,56 @@ def compare(a: Guidelines, b: Guidelines) -> pd.DataFrame:
     (question, group) of either, with ``answer_a``, ``answer_b`` and ``same`` (the same :func:`decision`). A
     study says the same thing twice when every row is ``same``; a question only one of them answers is not."""
     keys = ["question", "group"]
-    left = a.table[keys + ["answer"]].rename(columns={"answer": "answer_a"})
-    right = b.table[keys + ["answer"]].rename(columns={"answer": "answer_b"})
-    both = left.merge(right, on=keys, how="outer")
+    cols = ["answer", "rests_on", "runs"]
+
+    def side(g, tag):
+        t = g.table.reindex(columns=keys + cols)
+        return t.rename(columns={c: f"{c}_{tag}" for c in cols})
+
+    both = side(a, "a").merge(side(b, "b"), on=keys, how="outer")
     decided = [both[c].map(lambda v: decision(v) if isinstance(v, str) else None) for c in ("answer_a", "answer_b")]
     both["same"] = decided[0].notna() & (decided[0] == decided[1])
+    both["unstable"] = [_why_differs(r) for _, r in both.iterrows()]
     return both.reset_index(drop=True)
+
+
+def _why_differs(r) -> str:
+    """For a decision that differs: whether it rests on unstable or disturbed points (in either study), or on
+    points with too few runs; '' for one that does not, or does not differ."""
+    if r["same"]:
+        return ""
+    why = [f"{tag}: {r[f'rests_on_{tag}']}" for tag in ("a", "b")
+           if isinstance(r.get(f"rests_on_{tag}"), str) and r[f"rests_on_{tag}"]]
+    return " | ".join(why) or "NOT on unstable or disturbed points"
+
+
+def summary(g: Guidelines, width: int = 110) -> str:
+    """One screen: each decision with its interval, and which ones rest on unstable or disturbed points (pyperf's
+    "the result may be unstable", with the reason)."""
+    t = g.table
+    lines = ["Decisions (python -m kanlib.guidelines OUT for every sentence):"]
+    for _, r in t.iterrows():
+        mark = "  " if r.get("ranked") and not r.get("rests_on") else "! "
+        text = f"{mark}{r['question']} [{r['group']}]: {r['answer']}"
+        lines.append(text if len(text) <= width else text[:width - 3] + "...")
+    unstable = t[t["rests_on"].fillna("") != ""] if "rests_on" in t else t.iloc[0:0]
+    unranked = t[~t["ranked"].astype(bool)] if "ranked" in t else t.iloc[0:0]
+    ctx = g.context
+    lines.append(f"{len(t)} decisions; {len(unstable)} rest on unstable or disturbed points; {len(unranked)} rest on "
+                 f"points with fewer than {stats.MIN_RUNS} runs (not ranked)")
+    if ctx is not None:
+        st = ctx.stability()
+        if len(st):
+            n_dist = int(st["n_disturbed"].sum())
+            spread = st[st["why"].str.contains("spread")]
+            kept = "kept" if ctx.disturbed == "keep" else "left out"
+            lines.append(f"{len(st)} measured points: {int(st['unstable'].sum())} unstable ({len(spread)} by spread "
+                         f"> {stats.MARGIN:.0%}, {n_dist} disturbed run(s) {kept}"
+                         f", {int((st['n_runs'] < stats.MIN_RUNS).sum())} with fewer than {stats.MIN_RUNS} runs)")
+        mc = ctx.model_check()
+        lines.append(mc.describe()[0].upper() + mc.describe()[1:] + ".")
+    lines.append("! = rests on unstable/disturbed points or too few runs (report.html lists them).")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,16 +254,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out_dir", help="a study's output folder (records under <out_dir>/<study>/)")
     ap.add_argument("other", nargs="?", help="a second output folder to compare with")
     ap.add_argument("--target-efficiency", type=float, default=0.8)
+    ap.add_argument("--summary", action="store_true", help="one screen: decisions, intervals, what they rest on")
     args = ap.parse_args(argv)
     first = from_out_dir(args.out_dir, target_efficiency=args.target_efficiency)
     if args.other is None:
-        print(first)
+        print(summary(first) if args.summary else first)
         return 0
     table = compare(first, from_out_dir(args.other, target_efficiency=args.target_efficiency))
     with pd.option_context("display.max_rows", None, "display.max_colwidth", 60, "display.width", 200):
-        print(table.to_string(index=False))
+        print(table[["question", "group", "answer_a", "answer_b", "same"]].to_string(index=False))
     differ = int((~table["same"]).sum())
-    print(f"{len(table) - differ} of {len(table)} answers the same" + (f"; {differ} differ" if differ else ""))
+    for _, r in table[~table["same"]].iterrows():
+        print(f"differs: {r['question']} [{r['group']}]: rests on {r['unstable']}")
+    print(f"{len(table) - differ} of {len(table)} answers the same" + (f"; {differ} differ" if differ else "")
+          + (f", {int((table['unstable'] == 'NOT on unstable or disturbed points').sum())} of them not on unstable "
+             f"or disturbed points" if differ else ""))
     return 1 if differ else 0
 
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 import html
 import os
 
+import numpy as np
 import pandas as pd
 
 from kanlib import records, studies
-from kanlib.analysis import fmt, groups, load
+from kanlib.analysis import fmt, groups, load, stats
 from kanlib.analysis.context import PARAMS, Context
 from kanlib.analysis.section import StudyAnalysis
 from kanlib.studies import extrapolation as _extrapolation
@@ -46,8 +47,8 @@ MEASUREMENT_METHODS = (
     "<li><b>Weak scaling</b>: throughput X(N) = global batch / T(N) at a fixed per-process batch; "
     "E_w = X(N)/(N X(1)), and against the first multi-process point.</li>"
     "<li><b>Exposed communication</b>: the same configuration run with a timed all-reduce hook and with a no-op "
-    "hook (same bucketing, no network); exposed = T_allreduce - T_noop, clipped to [0, total all-reduce time]; "
-    "overhead = exposed / T_allreduce; overlap = total - exposed.</li>"
+    "hook (same bucketing, no network); exposed = T_timed - T_noop (step times), clipped to [0, total all-reduce "
+    "time]; overhead = exposed / T_timed; overlap = total - exposed.</li>"
     "<li><b>Parameters per byte</b>: parameters / peak memory (CUDA: allocator peak; CPU: process peak resident "
     "set).</li>"
     "<li><b>Collective benchmark</b>: per message size, all-reduces after a barrier (the transfer, not a late "
@@ -105,6 +106,8 @@ def analyze(out_dir: str, study: str, code: str = "newest", ctx: Context | None 
                      + ".")
     if sel.code_note:
         notes.append(sel.code_note)
+    if sel.disturbed_note:
+        notes.append(sel.disturbed_note)
     a = StudyAnalysis(study, sel.data, out_dir=out_dir, code=code,
                       explore_with=lambda: (ctx.runs().data, studies.views()))
     first, *rest = studies.sections()[study]
@@ -156,13 +159,321 @@ def analyses(out_dir: str, code: str = "newest", published: dict | None = None, 
 
 def findings(analyses: dict[str, StudyAnalysis]) -> list[dict]:
     """The findings of every study module, in run order: what these records show (with 95% intervals) beside
-    the published study's number. Each is ``{"topic", "ours", "published", "study"}``."""
+    the published study's number. Each is ``{"topic", "ours", "published", "study", "module"}``."""
     out = []
     for m in studies.STUDIES:
         a = analyses.get(m.SECTION)
         if a is not None:
-            out += m.finding(a)
+            out += [{**f, "module": m.NAME} for f in m.finding(a)]
     return out
+
+
+def own_findings(found: list[dict]) -> list[dict]:
+    """The project's own findings: those of modules that answer no published claim, and FSDP."""
+    return [f for f in found if f.get("module") not in PUBLISHED_MODULES or f["topic"].startswith("FSDP")]
+
+
+# -- the front page: verdicts, the project's own findings, the machine, stability -----------------------------
+VERDICTS = ("confirmed", "contradicted", "not comparable here", "untested")
+CLAIMS = (
+    ("Strong scaling", "strong_scaling", "speedup 5.97x, efficiency 74.7% at 8 GPUs over 4 nodes (4x2)"),
+    ("Weak scaling", "weak_scaling", "a drop in efficiency from 1 to several GPUs, then stable"),
+    ("Communication overhead", "communication", "1.3%-6.1% of the step"),
+    ("Attribution of the overhead", "communication", "to the all-reduce algorithm and inter-node latency "
+                                                     "(not measured)"),
+    ("Model-size scaling", "model_size", "parameters per byte rise with model size; time scales unfavourably"),
+    ("Deployment guidelines", "", "guidelines for deploying KAN training with DDP"),
+)
+"""The published study's claims, each given one verdict on the front page (:func:`verdicts`)."""
+PAPER_GPUS, PAPER_NODES = 8, 4
+
+
+def machine(all_a: dict[str, StudyAnalysis], out_dir: str = "", disturbed: list | None = None,
+            ctx: Context | None = None) -> dict:
+    """The machine described from the records (and the study's pre-flight look when kept): hosts, CPUs per run,
+    GPU, what a "node" is here, and the interference the runs measured. Keys: ``rows`` (label, text) and the
+    facts the verdicts use: ``on_gpu``, ``max_n``, ``real_nodes`` (several hosts), ``hosts``. ``disturbed``: the
+    selection's disturbed runs (:attr:`kanlib.analysis.load.Selection.disturbed`)."""
+    disturbed = disturbed or []
+    frames = [a.records for _, a in _with_records(all_a)]
+    if ctx is not None and ctx.frame is None:  # every run, the disturbed ones too: they describe the machine best
+        try:
+            frames = [ctx.records.select(None, ctx.code, "keep").data]
+        except load.NoRecordsError:
+            pass
+    if not frames:
+        return {"rows": [("records", "none")], "on_gpu": False, "max_n": 0, "real_nodes": False, "hosts": []}
+    r = groups.with_placement(pd.concat(frames, ignore_index=True))
+    hosts = sorted({str(h) for h in r.get("hostname", pd.Series(dtype=str)).dropna() if str(h)})
+    on_gpu = _on_cuda(r)
+    max_n = int(r["world_size"].max())
+    multi = r[r["nnodes"] > 1]
+    real_nodes = len(hosts) > 1 or ("slurm_nodelist" in r and r["slurm_nodelist"].notna().any())
+    pre = _preflight(out_dir)
+    cpus = pre.get("cpus") if pre else None
+    rows = [("hosts", ", ".join(hosts) or "not recorded"),
+            ("compute", (fmt.distinct(r, "device_name") + " (GPU)") if on_gpu else
+             "CPU only: no GPU" + (f"; {cpus} CPU(s) on the host" if cpus else "") + (f"; rank 0 pinned to CPUs "
+                                                                    f"{fmt.distinct(r, 'rank0_cpus')}"
+                                                                    if "rank0_cpus" in r else ""))]
+    if len(multi):
+        what = (f"{int(multi['nnodes'].max())} hosts" if real_nodes else
+                f"{int(multi['nnodes'].max())} torchrun launches on this one host, talking over loopback: "
+                f"'inter-node' here is a second process group on the same machine, not a network")
+        rows.append(("a 'node' (placements NxP)", what))
+    else:
+        rows.append(("a 'node' (placements NxP)", "one host; no multi-node placement measured"))
+    inter = []
+    if "foreign_cpu_frac" in r and pd.to_numeric(r["foreign_cpu_frac"], errors="coerce").notna().any():
+        f = pd.to_numeric(r["foreign_cpu_frac"], errors="coerce")
+        inter.append(f"other processes took a median {f.median():.0%} (max {f.max():.0%}) of the runs' CPUs")
+    if "steal_frac" in r and pd.to_numeric(r["steal_frac"], errors="coerce").notna().any():
+        st = pd.to_numeric(r["steal_frac"], errors="coerce")
+        inter.append(f"hypervisor steal median {st.median():.0%}" + (" (a shared virtual machine)" if st.max() > 0.01
+                                                                     else ""))
+    if disturbed:
+        inter.append(f"{len(disturbed)} run(s) disturbed (" + ("kept apart" if disturbed[0]["kept"] else "left out")
+                     + "; named under Stability)")
+    else:
+        inter.append(f"no run of {len(r)} disturbed")
+    if pre:
+        busy = pre.get("busy_processes") or []
+        inter.append(f"pre-flight: load {', '.join(f'{v:g}' for v in pre.get('load_1m_5m_15m', []))}, "
+                     f"{len(busy)} other busy process(es)")
+    rows.append(("interference", "; ".join(inter) if inter else "not measured by these records"))
+    return {"rows": rows, "on_gpu": on_gpu, "max_n": max_n, "real_nodes": real_nodes, "hosts": hosts}
+
+
+def _preflight(out_dir: str) -> dict:
+    """The newest pre-flight look kept under ``out_dir/preflight/`` ({} when none)."""
+    import glob
+    import json
+
+    files = sorted(glob.glob(os.path.join(out_dir, "preflight", "*.json"))) if out_dir else []
+    for path in reversed(files):
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            continue
+    return {}
+
+
+def _disturbed(ctx: Context | None) -> list:
+    """The disturbed runs of the context's folder (what its policy did with them), even when every run was."""
+    if ctx is None:
+        return []
+    try:
+        return ctx.runs().disturbed
+    except load.NoRecordsError:
+        if ctx.frame is not None:
+            return []
+        try:
+            flagged = ctx.records.select(None, ctx.code, "keep").disturbed
+        except load.NoRecordsError:
+            return []
+        return [{**d, "kept": ctx.disturbed == "keep"} for d in flagged]
+
+
+def _not_here(m: dict) -> str:
+    """Why a claim measured on the paper's GPU cluster is not comparable with this machine ('' when it is)."""
+    why = []
+    if not m["on_gpu"]:
+        why.append("CPU, not GPUs")
+    if m["max_n"] < PAPER_GPUS:
+        why.append(f"N <= {m['max_n']} (paper: {PAPER_GPUS})")
+    if not m["real_nodes"]:
+        why.append("'nodes' share one host (loopback)")
+    return "; ".join(why)
+
+
+def _ci(row, col: str, f) -> str:
+    """A table row's value with its interval, or its runs when too few for one."""
+    return fmt.row_ci(row, col, f)
+
+
+def verdicts(all_a: dict[str, StudyAnalysis], guidelines=None, out_dir: str = "", ctx: Context | None = None
+             ) -> list[dict]:
+    """One verdict per published claim (:data:`CLAIMS`): ``{"claim", "published", "verdict", "number", "why",
+    "study"}``, the verdict one of :data:`VERDICTS`: untested without records; not comparable here when this
+    machine differs from the paper's in what the claim depends on (GPUs, 8 processes, real nodes); else confirmed
+    or contradicted by the one number given."""
+    dist = _disturbed(ctx)
+    m = machine(all_a, out_dir, dist, ctx)
+    other = _not_here(m)
+    out = []
+    for claim, study, published in CLAIMS:
+        a = all_a.get(study) if study else None
+        v = {"claim": claim, "published": published, "study": study or "guidelines"}
+        if study and (a is None or a.empty or a.table is None or a.table.empty):
+            gone = [d for d in dist if d["study"] == study and not d["kept"]]
+            why = (f"every {study} run was disturbed ({len(gone)} left out; disturbed='keep' shows them apart)"
+                   if gone else f"no {study} records here")
+            out.append({**v, "verdict": "untested", "number": "no undisturbed records" if gone else "no records",
+                        "why": why})
+            continue
+        out.append({**v, **_judge(claim, a, m, other, guidelines, ctx)})
+    return out
+
+
+def _judge(claim: str, a, m: dict, other: str, guidelines, ctx) -> dict:
+    nc = "not comparable here"
+    if claim == "Strong scaling":
+        t = a.table.data
+        top = t[t["world_size"] == t["world_size"].max()].sort_values("work_per_process_s").iloc[-1]
+        num = f"{top['placement']}: efficiency {_ci(top, 'efficiency', fmt.pct)}"
+        if other:
+            return {"verdict": nc, "number": num, "why": other}
+        ok = abs(float(top["efficiency"]) - 0.747) <= 0.10
+        return {"verdict": "confirmed" if ok else "contradicted", "number": num,
+                "why": "within 10 points of 74.7%" if ok else "more than 10 points from 74.7%"}
+    if claim == "Weak scaling":
+        t = a.table.data
+        top = t[t["world_size"] == t["world_size"].max()].sort_values("weak_efficiency").iloc[-1]
+        num = f"N={int(top['world_size'])} ({top['placement']}): E_w {_ci(top, 'weak_efficiency', fmt.pct)}"
+        if t["world_size"].nunique() < 3:
+            return {"verdict": nc if other else "untested", "number": num,
+                    "why": "'then stable' needs three or more world sizes; " + (other or f"measured "
+                                                                                f"{t['world_size'].nunique()}")}
+        if other:
+            return {"verdict": nc, "number": num, "why": other}
+        multi = t.dropna(subset=["weak_efficiency_multi"])
+        stable = len(multi) and multi["weak_efficiency_multi"].min() >= 0.9
+        return {"verdict": "confirmed" if stable else "contradicted", "number": num,
+                "why": "stable beyond the first multi-process point" if stable else "keeps falling"}
+    if claim == "Communication overhead":
+        t = a.table.data
+        t = t[np.isfinite(t["overhead_fraction"].to_numpy(float))]
+        if "comm_hook" in t:
+            t = t[t["comm_hook"] == "timed"]
+        if t.empty:
+            return {"verdict": "untested", "number": "no timed DDP point with its no-op twin", "why": ""}
+        lo, hi = t["overhead_fraction"].min(), t["overhead_fraction"].max()
+        num = (f"{lo:.1%}-{hi:.1%}" if f"{lo:.1%}" != f"{hi:.1%}" else f"{lo:.1%}") + " of the step" \
+            + (f" ({len(t)} points)" if len(t) > 1 else "")
+        if other:
+            return {"verdict": nc, "number": num, "why": other}
+        ok = t["overhead_fraction"].max() <= 0.061 * 1.5
+        return {"verdict": "confirmed" if ok else "contradicted", "number": num, "why": "against 1.3%-6.1%"}
+    if claim == "Attribution of the overhead":
+        tw = a.extra.get("transfer_waiting")
+        if tw is None or not len(tw):
+            return {"verdict": "untested", "number": "no collective benchmark",
+                    "why": "transfer and waiting are told apart only with the collective benchmark"}
+        num = "waiting share of the hook time " + ", ".join(f"{r['placement']} {r['waiting_fraction']:.0%}"
+                                                            for _, r in tw.iterrows())
+        waiting = float(tw["waiting_fraction"].median()) > 0.5
+        if other:
+            return {"verdict": nc, "number": num, "why": other + ("; here the hook mostly waits for the other rank "
+                                                                  "(load), not the network" if waiting else "")}
+        return {"verdict": "contradicted" if waiting else "confirmed", "number": num,
+                "why": "most of the hook time is waiting for a late rank, not transfer" if waiting else
+                       "most of the hook time is transfer"}
+    if claim == "Model-size scaling":
+        slope = time_slope(a.table.data)
+        num = f"step time log-log slope {slope:.2f} against parameters" if np.isfinite(slope) else "one size only"
+        why = []
+        if not m["on_gpu"]:
+            mem = a.table.data["peak_mem_bytes"]
+            why.append(f"on CPU peak memory is the process's resident set ({fmt.mib(mem.min())}-"
+                       f"{fmt.mib(mem.max())} MiB), so parameters per byte is an artefact")
+        if other:
+            return {"verdict": nc, "number": num, "why": "; ".join(why + [other])}
+        if not np.isfinite(slope):
+            return {"verdict": "untested", "number": num, "why": "needs two model sizes"}
+        return {"verdict": "confirmed" if slope >= 0.9 else "contradicted", "number": num,
+                "why": "step time grows at least in proportion to the parameters" if slope >= 0.9 else
+                       "step time grows slower than the parameters"}
+    # the deployment guidelines
+    if guidelines is None or guidelines.table.empty:
+        return {"verdict": "untested", "number": "no guidelines computed", "why": ""}
+    t = guidelines.table
+    n_unstable = int((t["rests_on"].fillna("") != "").sum())
+    n_unranked = int((~t["ranked"].astype(bool)).sum())
+    num = (f"{len(t)} decisions: {n_unstable} rest on unstable points, {n_unranked} on fewer than "
+           f"{stats.MIN_RUNS} runs")
+    mc = ctx.model_check() if ctx is not None else None
+    why = [other] if other else []
+    if mc is not None and not mc.usable:
+        why.append(f"the link model {mc.status} its own check, so it predicts nothing here")
+    return {"verdict": nc if other or n_unranked == len(t) else "confirmed", "number": num, "why": "; ".join(why)}
+
+
+def time_slope(t: pd.DataFrame) -> float:
+    """Log-log slope of the median step time against the parameter count over a model-size table's sizes (one model
+    and placement at a time, the median of the slopes): 1 = time in proportion to the parameters; NaN with fewer
+    than two sizes."""
+    slopes = []
+    for _, g in t.groupby([c for c in ("model", "placement", "parallelism") if c in t], sort=True):
+        g = g[np.isfinite(g["step_time_s"].to_numpy(float))]
+        if g["n_params"].nunique() >= 2:
+            slopes.append(np.polyfit(np.log(g["n_params"].to_numpy(float)),
+                                     np.log(g["step_time_s"].to_numpy(float)), 1)[0])
+    return float(np.median(slopes)) if slopes else float("nan")
+
+
+PUBLISHED_MODULES = {"strong_scaling", "weak_scaling", "communication", "model_size"}
+"""Study modules whose findings answer a published claim (the verdict table); the others' are the project's own."""
+
+
+def _verdict_html(vs: list[dict]) -> str:
+    rows = "".join(f"<tr class='verdict v-{v['verdict'].replace(' ', '-')}'><td><a href='#{v['study']}'>"
+                   f"{html.escape(v['claim'])}</a></td><td>{html.escape(v['published'])}</td>"
+                   f"<td><b>{html.escape(v['verdict'])}</b></td><td>{html.escape(v['number'])}</td>"
+                   f"<td>{html.escape(v['why'])}</td></tr>" for v in vs)
+    return ("<table id='verdicts' class='verdicts'><tr><th>published claim</th><th>the paper</th><th>verdict</th>"
+            "<th>here</th><th>why</th></tr>" + rows + "</table>")
+
+
+def _own_html(found: list[dict]) -> str:
+    own = own_findings(found)
+    if not own:
+        return "<p>No findings of the project's own yet.</p>"
+    return ("<table id='own-findings' class='findings'><tr><th>the project's own finding</th><th>here</th></tr>"
+            + "".join(f"<tr><td><a href='#{f['study']}'>{html.escape(f['topic'])}</a></td>"
+                      f"<td>{html.escape(_short(f['ours']))}</td></tr>" for f in own) + "</table>")
+
+
+def _short(text: str, n: int = 170) -> str:
+    """The front page keeps to one screen: a long finding is cut (in full under "All findings")."""
+    return text if len(text) <= n else text[:n].rsplit(" ", 1)[0] + " ..."
+
+
+def _machine_html(m: dict) -> str:
+    return ("<table id='machine' class='kv'>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                                                       for k, v in m["rows"]) + "</table>")
+
+
+def stability_html(ctx: Context) -> str:
+    """Every unstable point (pyperf's "the result may be unstable"), with why: spread wider than the decision
+    margin, disturbed runs, fewer runs than an interval needs; and the disturbed runs by name."""
+    st = ctx.stability()
+    if st.empty:
+        return "<p>No measured points.</p>"
+    bad = st[st["unstable"]]
+    head = (f"<p>{len(bad)} of {len(st)} measured points are unstable: their runs spread wider than the "
+            f"{stats.MARGIN:.0%} margin the guidelines decide by, a run was disturbed, or they have fewer than "
+            f"{stats.MIN_RUNS} runs (an interval needs {stats.MIN_RUNS}). Guidelines resting on them say so.</p>")
+    note = load.disturbed_note(_disturbed(ctx), ctx.disturbed)
+    if note:
+        head += f"<p class='note'>{html.escape(note)}</p>"
+    if bad.empty:
+        return head
+    t = pd.DataFrame({"study": bad["study"], "point": bad["point"], "runs": bad["n_runs"],
+                      "disturbed runs": bad["n_disturbed"], "median step (ms)": bad["median"].map(fmt.ms),
+                      "spread": bad["spread"].map(lambda v: fmt.pct(v) if np.isfinite(v) else "n/a"),
+                      "why unstable": bad["why"]})
+    return (head + f"<details id='unstable'><summary>the {len(bad)} unstable points</summary>"
+            + t.to_html(index=False, classes="table", border=0) + "</details>")
+
+
+def front_page_html(all_a: dict[str, StudyAnalysis], guidelines, out_dir: str, ctx: Context) -> str:
+    """One screen: a verdict per published claim, the project's own findings, the machine."""
+    vs = verdicts(all_a, guidelines, out_dir, ctx)
+    mc = ctx.model_check()
+    model = "" if mc.usable else f"<p class='warn'>{html.escape(mc.describe()[0].upper() + mc.describe()[1:])}.</p>"
+    return (_verdict_html(vs) + model + "<div class='two'><div>" + _own_html(findings(all_a)) + "</div><div>"
+            + _machine_html(machine(all_a, out_dir, _disturbed(ctx), ctx)) + "</div></div>")
 
 
 # -- methods and records ------------------------------------------------------------------------------
@@ -196,7 +507,8 @@ def methods_html(analyses: dict[str, StudyAnalysis], report_dir: str) -> str:
     allr = pd.concat(frames, ignore_index=True)
     rows = [("hosts", fmt.distinct(allr, "hostname")), ("devices", fmt.distinct(allr, "device_name")),
             ("backend", fmt.distinct(allr, "backend")), ("torch", fmt.distinct(allr, "torch_version")),
-            ("CUDA / NCCL", f"{fmt.distinct(allr, 'cuda_version')} / {fmt.distinct(allr, 'nccl_version')}"),
+            *([("CUDA / NCCL", f"{fmt.distinct(allr, 'cuda_version')} / {fmt.distinct(allr, 'nccl_version')}")]
+              if _on_cuda(allr) else []),
             ("launcher", fmt.distinct(allr, "launcher")), ("commit (git)", fmt.distinct(allr, "git_sha")),
             ("code version (hash of the runtime source)", fmt.distinct(allr, "code_version")),
             ("runs", f"{len(allr)} records, from {allr['started_at'].min() if 'started_at' in allr else '?'} "
@@ -206,9 +518,16 @@ def methods_html(analyses: dict[str, StudyAnalysis], report_dir: str) -> str:
     body += "<h3>Configurations and repeats</h3><table><tr><th>study</th><th>records</th><th>runs per point</th>" \
             "<th>fixed</th><th>varied</th></tr>"
     body += "".join(_configs_row(s, a) for s, a in _with_records(analyses)) + "</table>"
-    doc = (os.path.relpath(MEASUREMENT_DOC, report_dir) if os.path.exists(MEASUREMENT_DOC) else "docs/measurement.md")
-    return (body + MEASUREMENT_METHODS
-            + f"<p>Definitions in full: <a href='{html.escape(doc)}'>{html.escape(doc)}</a>.</p>")
+    rel = os.path.relpath(MEASUREMENT_DOC, report_dir) if os.path.exists(MEASUREMENT_DOC) else ""
+    if rel and not rel.startswith(".."):  # a link that still works when the folder travels
+        link = f"<a href='{html.escape(rel)}'>{html.escape(rel)}</a>"
+    else:  # a report copied elsewhere would carry a broken ../ link: name the file instead
+        link = "docs/measurement.md in the kanlib repository"
+    return body + MEASUREMENT_METHODS + f"<p>Definitions in full: {link}.</p>"
+
+
+def _on_cuda(df: pd.DataFrame) -> bool:
+    return "device" in df and df["device"].astype(str).str.startswith("cuda").any()
 
 
 def _records_html(analyses: dict[str, StudyAnalysis], report_dir: str, bench: pd.DataFrame) -> str:
@@ -246,7 +565,10 @@ CSS = ("body{font-family:system-ui,sans-serif;max-width:1250px;margin:auto;paddi
        "table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 7px;"
        "text-align:left;vertical-align:top}th{background:#f3f3f3}.findings td:first-child{font-weight:600}"
        ".caption{color:#444;font-size:14px;margin:.2em 0 1.5em}.note{color:#666;font-size:13px}"
-       "table.kv th{width:22em}")
+       "table.kv th{width:14em}.verdicts td:nth-child(3){white-space:nowrap}.v-confirmed td:nth-child(3){color:#1a7f37}"
+       ".v-contradicted td:nth-child(3){color:#c0392b}.v-not-comparable-here td:nth-child(3){color:#8a6d00}"
+       ".v-untested td:nth-child(3){color:#666}.warn{color:#c0392b;font-weight:600}"
+       ".two{display:flex;gap:1em}.two>div{flex:1;min-width:0}")
 
 
 def _findings_html(found: list[dict]) -> str:
@@ -256,6 +578,20 @@ def _findings_html(found: list[dict]) -> str:
             "<th>published study</th></tr>"
             + "".join(f"<tr><td><a href='#{f['study']}'>{html.escape(f['topic'])}</a></td><td>{html.escape(f['ours'])}"
                       f"</td><td>{html.escape(f['published'])}</td></tr>" for f in found) + "</table>")
+
+
+def guidelines_html(g) -> str:
+    """The decisions as a table (unstable ones marked, with what they rest on), then the sentences folded."""
+    t = g.table
+    rows = "".join(f"<tr><td>{html.escape(str(r['question']))}</td><td>{html.escape(str(r['group']))}</td>"
+                   f"<td>{html.escape(str(r['answer']))}</td><td>{'' if r['ranked'] else 'not ranked: '}"
+                   f"{int(r['runs'])} run(s)</td><td>{html.escape(str(r['rests_on'] or ''))}</td></tr>"
+                   for _, r in t.iterrows())
+    items = "".join(f"<li>{html.escape(s)}</li>" for s in g.sentences)
+    return ("<table class='decisions'><tr><th>question</th><th>group</th><th>answer</th><th>fewest runs per point"
+            "</th><th>rests on unstable points</th></tr>" + rows + "</table>"
+            + f"<details><summary>every guideline as a sentence ({len(g.sentences)})</summary><ul>{items}</ul>"
+              f"</details>")
 
 
 def _reuse(guidelines, out_dir: str, code: str, params: dict) -> Context | None:
@@ -283,12 +619,20 @@ def build_report(out_dir: str, guidelines=None, path: str | None = None, code: s
     report_dir = os.path.dirname(os.path.abspath(path))
     ctx = _reuse(guidelines, out_dir, code, params) or context(out_dir, code, **params)
     all_a = analyses(out_dir, code, published, extrapolate, ctx)
-    parts = [_section("Findings", _findings_html(findings(all_a)), "findings")]
+    if guidelines is not None and getattr(guidelines, "context", None) is None:
+        guidelines.context = ctx
+    parts = [_section("What these records show", front_page_html(all_a, guidelines, out_dir, ctx), "front"),
+             _section("Stability", stability_html(ctx), "stability"),
+             _section("All findings beside the published study", _findings_html(findings(all_a)), "findings")]
     if guidelines is not None:
-        items = "".join(f"<li>{html.escape(s)}</li>" for s in guidelines.sentences)
-        parts.append(_section("Deployment guidelines (computed from these records)", f"<ul>{items}</ul>", "guidelines"))
+        parts.append(_section("Deployment guidelines (computed from these records)", guidelines_html(guidelines),
+                              "guidelines"))
     where = os.path.relpath(os.path.abspath(out_dir), report_dir)
+    mc = ctx.model_check()
     for name, title in studies.titles().items():
+        if name in (_published.SECTION, _extrapolation.SECTION) and not mc.usable:
+            all_a[name].message = (f"{mc.describe()[0].upper() + mc.describe()[1:]}: what follows is the model's "
+                                   f"what-if, shown for the record, not a prediction. " + all_a[name].message)
         # messages name the folder absolutely ("no records ... under /abs/path"); the report says it relatively
         body = all_a[name].html().replace(html.escape(os.path.abspath(out_dir)), html.escape(where))
         parts.append(_section(title, body, name))
@@ -302,9 +646,9 @@ def build_report(out_dir: str, guidelines=None, path: str | None = None, code: s
            f"<script type='text/javascript'>{get_plotlyjs()}</script><style>{CSS}</style></head><body>"
            "<h1>How KAN training scales with PyTorch DDP</h1>"
            f"<p class='note'>Computed from the records under <code>{html.escape(where)}/</code> (relative to this "
-           f"file); generated {records.now_iso()}. Findings first, then the guidelines, each study's figures and "
-           f"tables, the published setup and the extrapolation through the calibrated model, the methods and the raw "
-           f"records.</p>"
+           f"file); generated {records.now_iso()}. A verdict per published claim, the project's own findings and the "
+           f"machine first; then stability, every finding, the guidelines, each study's figures and tables, the "
+           f"published setup and the extrapolation, the methods and the raw records.</p>"
            + "".join(parts) + "</body></html>")
     os.makedirs(report_dir, exist_ok=True)
     tmp = path + ".tmp"
@@ -312,3 +656,95 @@ def build_report(out_dir: str, guidelines=None, path: str | None = None, code: s
         f.write(doc)
     os.replace(tmp, path)
     return path
+
+
+# -- README's results, generated from a study's outputs -----------------------------------------------------------
+README_START = "<!-- results:start (generated by python -m kanlib.report --readme OUT; do not edit by hand) -->"
+README_END = "<!-- results:end -->"
+
+
+def readme_results(out_dir: str, guidelines=None) -> str:
+    """README's results section, in Markdown, from the records under ``out_dir``: the verdict per published claim,
+    the project's own findings, the machine and the stability counts, with the commit the records came from."""
+    from kanlib import guidelines as _g
+
+    g = guidelines or _g.from_out_dir(out_dir)
+    ctx = g.context if g.context is not None else context(out_dir)
+    all_a = analyses(out_dir, ctx=ctx)
+    m = machine(all_a, out_dir, _disturbed(ctx), ctx)
+    try:
+        shas = fmt.distinct(ctx.runs().data, "git_sha")
+    except load.NoRecordsError:
+        shas = "none"
+
+    def cell(v) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = [README_START, "", f"From the records of commit {shas} (`make study`, then "
+             f"`python -m kanlib.report --readme {os.path.basename(os.path.abspath(out_dir))}`).", "",
+             "| published claim | the paper | verdict | here | why |", "|---|---|---|---|---|"]
+    lines += [f"| {cell(v['claim'])} | {cell(v['published'])} | **{v['verdict']}** | {cell(v['number'])} | "
+              f"{cell(v['why'])} |" for v in verdicts(all_a, g, out_dir, ctx)]
+    own = own_findings(findings(all_a))
+    lines += ["", "| the project's own finding | here |", "|---|---|"]
+    lines += [f"| {cell(f['topic'])} | {cell(f['ours'])} |" for f in own]
+    lines += ["", "Machine: " + "; ".join(f"{k}: {v}" for k, v in m["rows"]) + ".", ""]
+    st = ctx.stability()
+    t = g.table
+    lines.append(f"Stability: {int(st['unstable'].sum()) if len(st) else 0} of {len(st)} measured points unstable; "
+                 f"{int((t['rests_on'].fillna('') != '').sum()) if len(t) else 0} of {len(t)} decisions rest on "
+                 f"unstable or disturbed points; {ctx.model_check().describe()}.")
+    lines += ["", README_END]
+    return "\n".join(lines)
+
+
+def write_readme(out_dir: str, readme: str) -> str:
+    """Replace the text between :data:`README_START` and :data:`README_END` in ``readme`` with
+    :func:`readme_results` of ``out_dir`` (nothing else in the file changes); an error names the missing marker."""
+    with open(readme) as f:
+        text = f.read()
+    start_tag = README_START.split(" (")[0]
+    i, j = text.find(start_tag), text.find(README_END)
+    if i < 0 or j < i:
+        raise ValueError(f"{readme}: no results markers ({start_tag} ... {README_END}) to replace between")
+    new = text[:i] + readme_results(out_dir) + text[j + len(README_END):]
+    tmp = readme + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(new)
+    os.replace(tmp, readme)
+    return readme
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kanlib.report OUT``: write OUT/report.html; ``--readme [README.md]``: also regenerate README's
+    results section from OUT's records; ``--check-readme``: exit 1 when README's section is not what OUT gives."""
+    import argparse
+
+    from kanlib import guidelines as _g
+
+    ap = argparse.ArgumentParser(prog="python -m kanlib.report", description=main.__doc__)
+    ap.add_argument("out_dir")
+    ap.add_argument("--readme", nargs="?", const="README.md", default=None)
+    ap.add_argument("--check-readme", nargs="?", const="README.md", default=None)
+    args = ap.parse_args(argv)
+    if not os.path.isdir(args.out_dir):
+        ap.error(f"out_dir: {args.out_dir!r} is not a folder")
+    if args.check_readme:
+        with open(args.check_readme) as f:
+            text = f.read()
+        want = readme_results(args.out_dir)
+        if want.split("\n", 3)[3] not in text:  # past the marker and the commit line
+            print(f"{args.check_readme}: its results are not those of {args.out_dir} (regenerate with "
+                  f"python -m kanlib.report --readme {args.out_dir})")
+            return 1
+        print(f"{args.check_readme}: results match {args.out_dir}")
+        return 0
+    g = _g.from_out_dir(args.out_dir)
+    print(build_report(args.out_dir, guidelines=g))
+    if args.readme:
+        print(write_readme(args.out_dir, args.readme))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

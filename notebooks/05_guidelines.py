@@ -37,6 +37,7 @@ step_time_budget_s: float = 1.0  # acceptable time per training step
 val_loss_tolerance: float = 0.01  # relative validation-loss increase over plain DDP that counts as harm
 bench_time_col: str = "time_s_p10"  # benchmark time fitted: time_s_p10 (lower decile) | time_s (median)
 code: str = "newest"  # code versions: newest | all | one code_version
+disturbed: str = "leave_out"  # runs the instrument flagged as disturbed: leave_out (named) | keep (shown apart)
 
 # %%
 from runners import notebook
@@ -48,10 +49,12 @@ from kanlib import guidelines, report
 
 g = guidelines.from_out_dir(out_dir, code=code, target_efficiency=target_efficiency,
                             memory_budget_bytes=memory_budget_gib * 2**30, step_time_budget_s=step_time_budget_s,
-                            val_loss_tolerance=val_loss_tolerance, bench_time_col=bench_time_col)
+                            val_loss_tolerance=val_loss_tolerance, bench_time_col=bench_time_col,
+                            disturbed=disturbed)
+print(guidelines.summary(g))
 g
 
 # %%
 path = report.build_report(out_dir, guidelines=g, code=code, bench_time_col=bench_time_col,
-                           val_loss_tolerance=val_loss_tolerance)
+                           val_loss_tolerance=val_loss_tolerance, disturbed=disturbed)
 print(f"report: {path}")

@@ -229,6 +229,17 @@ def to_ipynb(name: str, out_dir: str = BUILD_DIR) -> str:
     return path
 
 
+def notebook_title(nb, path: str) -> str:
+    """The page title of an exported notebook: its first Markdown heading, else its file name (nbconvert's default
+    is "Notebook" for every page)."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("#").strip()
+    return os.path.splitext(os.path.basename(path))[0]
+
+
 def export_html(ipynb: str, html_path: str | None = None) -> str:
     """Export an executed notebook to HTML that opens offline (template ``notebooks/nbconvert/offline``:
     JupyterLab's, without its CDN scripts; figures draw from the plotly.js the notebook embeds)."""
@@ -236,7 +247,8 @@ def export_html(ipynb: str, html_path: str | None = None) -> str:
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter(template_name="offline", extra_template_basedirs=[TEMPLATE_DIR])
-    body, _ = exporter.from_notebook_node(nbformat.read(ipynb, as_version=4))
+    nb = nbformat.read(ipynb, as_version=4)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": notebook_title(nb, ipynb)}})
     html_path = html_path or ipynb[: -len(".ipynb")] + ".html"
     with open(html_path, "w") as f:
         f.write(body)

@@ -136,3 +136,30 @@ def test_analysis_code_leaves_run_keys_alone_and_runtime_code_changes_them(tmp_p
     (pkg / "worker_extra").mkdir()
     (pkg / "worker_extra" / "part.py").write_text("x = 1\n")  # a runtime subpackage counts
     assert os.path.join("worker_extra", "part.py") in config.runtime_sources(str(pkg))
+
+
+def test_disturbed_runs_are_left_out_by_default_named_and_kept_apart_on_request(tmp_path):
+    """Issue 27.2: a run whose machine was busy (kanlib.records.disturbance) leaves every analysis by default, and
+    the selection says how many and which; disturbed='keep' keeps it as a group of its own, never pooled."""
+    from kanlib.analysis.context import Context
+
+    recs = strong_records({"1x1": 0.2, "1x2": 0.11}, repeats=3)
+    recs.append(dict(recs[-1], repeat=5, step_time_s=0.3, foreign_cpu_frac=0.45, interference_window_s=3.0))
+    recs.append(dict(recs[0], repeat=6, step_time_s=0.5, runqueue_wait_frac=0.3))
+    write_records(tmp_path, recs)
+    sel = load.read(str(tmp_path)).select()
+    assert len(sel.data) == 6 and sel.data["step_time_s"].max() < 0.25
+    assert [d["why"] for d in sel.disturbed] == ["other processes took 45% of its CPUs",
+                                                 "a training thread waited for a CPU 30% of the time"]
+    assert sel.disturbed_note.startswith("2 disturbed run(s) left out (disturbed='keep' keeps them, shown apart): "
+                                         "strong_scaling/run")
+    t = strong_scaling.table(sel.data)
+    assert list(t.data["n_runs"]) == [3, 3] and "disturbed" not in t.groups
+    kept = Context(str(tmp_path), disturbed="keep").runs("strong_scaling")
+    tk = strong_scaling.table(kept.data)
+    assert "disturbed" in tk.groups and len(tk) == 4  # the two disturbed runs are rows of their own
+    assert tk.data[tk.data["disturbed"]]["n_runs"].tolist() == [1, 1]
+    with pytest.raises(ValueError, match="disturbed: expected one of leave_out, keep, got 'drop'"):
+        load.read(str(tmp_path)).select(disturbed="drop")
+    from kanlib import report
+    assert "2 disturbed run(s) left out" in report.analyze(str(tmp_path), "strong_scaling").message

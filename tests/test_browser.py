@@ -84,3 +84,27 @@ def test_executed_analysis_notebook_export_renders_offline_in_chromium(browser, 
     seen = open_offline(browser, page)
     assert seen["plots"] == 2 and seen["svg"] == 2  # the figure and the explorer's static copy
     assert seen["requested"] == [] and seen["errors"] == []
+
+
+def test_front_page_has_one_verdict_row_per_published_claim_in_chromium(browser, full_study_dir, tmp_path):
+    """The report's first screen in a real browser: the verdict table with one row per published claim, each with
+    a verdict of the four, the project's own findings and the machine, all within the first 1300x1000 screen's
+    reach of the top (a screenshot is kept for the closing note when KANLIB_SCREENSHOTS names a folder)."""
+    path = report.build_report(str(full_study_dir), guidelines=guidelines.from_out_dir(str(full_study_dir)))
+    page = browser.new_page(viewport={"width": 1300, "height": 1000})
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:", "about:"))
+               else r.abort())
+    page.goto("file://" + os.path.abspath(path), wait_until="load")
+    rows = page.locator("#verdicts tr.verdict")
+    assert rows.count() == len(report.CLAIMS)
+    claims = [rows.nth(i).locator("td").nth(0).inner_text() for i in range(rows.count())]
+    assert claims == [c for c, _, _ in report.CLAIMS]
+    verdicts = [rows.nth(i).locator("td").nth(2).inner_text() for i in range(rows.count())]
+    assert all(v in report.VERDICTS for v in verdicts)
+    assert page.locator("#own-findings tr").count() >= 2 and page.locator("#machine").is_visible()
+    assert page.locator("#verdicts").bounding_box()["y"] < 1000  # on the first screen
+    shots = os.environ.get("KANLIB_SCREENSHOTS")
+    if shots:
+        os.makedirs(shots, exist_ok=True)
+        page.screenshot(path=os.path.join(shots, "front_page_browser_test.png"))
+    page.close()

@@ -347,7 +347,7 @@ def test_calibration_recovers_an_injected_5ms_link_and_predicts_its_exposure(tmp
     run(_cfg(tmp_path, comm_hook="timed", emulate_latency_s=0.005, **kw), launcher="multinode", echo=False,
         timeout_s=300)
     run(_cfg(tmp_path, comm_hook="noop", **kw), launcher="multinode", echo=False, timeout_s=300)
-    records = load.load_records(str(tmp_path / "ddp"))
+    records = load.load_records(str(tmp_path / "ddp"), disturbed="keep")  # a busy test machine flags runs
     parity = cm.validate_ddp(records, cm.fit_collbench(bench))  # DDP's medians against the benchmark's
     assert len(parity) == 1 and parity["why"].isna().all()
     row = parity.iloc[0]

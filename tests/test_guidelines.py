@@ -1,6 +1,9 @@
 """The guidelines: decisions from records with known answers, answered per group, changing when the records
 change, never claiming a target a NaN meets; and two sets of them compared."""
 
+import json
+import re
+
 import pandas as pd
 import pytest
 
@@ -49,7 +52,7 @@ def test_guidelines_answer_with_placements_and_numbers(tmp_path):
     assert guidelines.decision(s["placement with efficiency >= 0.8 | kan, global_batch=512"]) == "1x2, 2x1 (N=2)"
     # work size 64: nothing reaches 80%, and the answer gives the best number, not "none"/"1"
     assert s["placement with efficiency >= 0.8 | kan, global_batch=64"] == \
-        "none of 1x2: best 1x2 at 50% [49%, 51%]"
+        "none of 1x2: best 1x2 at 50% (3 runs)"  # fewer runs than an interval needs: no bracketed interval
     # the least work per process that reaches 80% at 1x2: the 512 batch (T(1)/2 = 4 s per process)
     assert s["1x2: least work per process with efficiency >= 0.8 | kan"].startswith(
         "widths [2, 8, 1], global batch 512: 4.04e+03 ms per process")
@@ -60,7 +63,8 @@ def test_guidelines_answer_with_placements_and_numbers(tmp_path):
     assert w["1x4: smallest per-process batch with weak efficiency >= 0.8 | kan"].startswith("64 samples per process")
     assert w["2x2: smallest per-process batch with weak efficiency >= 0.8 | kan"].startswith("128 samples per process")
     c = answers(g, "communication")
-    assert c["N=4: placement exposing the least communication | kan"].startswith("1x4: 1 ms exposed (9% [")
+    assert c["N=4: placement exposing the least communication | kan"].startswith(
+        "1x4: 1 ms exposed (9% (2 runs) of the step)")
     assert c["1x4: bucket size minimising exposed communication | kan"].startswith("4 MiB")
     assert c["2x2: bucket size minimising exposed communication | kan"].startswith("25 MiB")
     model = answers(g, "communication model")
@@ -95,3 +99,79 @@ def test_compare_guidelines_names_every_answer_that_differs():
     t = guidelines.compare(a, b).set_index("question")
     assert t["same"].to_dict() == {"q1": True, "q2": False, "q3": False}  # the numbers may move, the decision not
     assert t.loc["q2", "answer_b"] == "25 MiB (default): 1.2 ms" and pd.isna(t.loc["q3", "answer_a"])
+
+
+def test_fewer_runs_than_an_interval_needs_show_the_runs_and_rank_nothing(tmp_path):
+    """Issue 22.3: two runs per point make a bootstrap "interval" that is their min and max; the table shows the
+    runs themselves and "2 runs", and the guideline that rests on them is not ranked. Five runs give intervals."""
+    from kanlib.studies import strong_scaling
+
+    two = strong_records({"1x1": 0.212, "1x2": 0.12}, repeats=2)
+    t = strong_scaling.table(pd.DataFrame(two))
+    shown = strong_scaling.display_table(t)
+    assert list(shown["step time (ms)"]) == ["213 (2 runs: 212, 214)", "121 (2 runs: 120, 121)"]
+    assert not any("[" in v for v in shown["efficiency"])
+    write_records(tmp_path / "two", two)
+    g = guidelines.from_out_dir(str(tmp_path / "two"))
+    row = g.table.iloc[0]
+    assert row["runs"] == 2 and not row["ranked"] and "too few repeats" in row["rests_on"]
+    assert any(s.startswith("Not ranked: 1 of 1 answers") for s in g.sentences)
+    assert "(2 runs)" in row["answer"]
+    five = strong_records({"1x1": 0.212, "1x2": 0.12}, repeats=5)
+    write_records(tmp_path / "five", five)
+    g5 = guidelines.from_out_dir(str(tmp_path / "five"))
+    assert g5.table.iloc[0]["ranked"] and g5.table.iloc[0]["runs"] == 5
+    assert re.search(r"\d+% \[\d+%, \d+%\]", g5.table.iloc[0]["answer"])
+    assert "[" in strong_scaling.display_table(strong_scaling.table(pd.DataFrame(five)))["step time (ms)"].iloc[0]
+
+
+def test_unstable_points_are_named_with_the_reason_and_the_summary_fits_a_screen(tmp_path, capsys):
+    """Issue 27.3: a point whose repeats spread wider than the decision margin is unstable 'spread ...', one with a
+    disturbed run says so; the summary is one screen and marks the decisions that rest on them; comparing two
+    studies names, for every decision that differs, what it rests on."""
+    quiet = strong_records({"1x1": 0.2, "1x2": 0.11}, repeats=5)
+    noisy = [dict(r) for r in quiet]
+    for r, f in zip(noisy[5:], (1.0, 1.0, 1.3, 1.35, 1.4)):  # 1x2 spreads 31%: efficiency falls below 80%
+        r["step_time_s"] = 0.11 * f
+    noisy.append(dict(noisy[0], repeat=9, foreign_cpu_frac=0.5, interference_window_s=4.0))
+    write_records(tmp_path / "a", quiet)
+    write_records(tmp_path / "b", noisy)
+    gb = guidelines.from_out_dir(str(tmp_path / "b"))
+    st = gb.context.stability()
+    p12 = st[st["placement"] == "1x2"].iloc[0]
+    assert p12["unstable"] and p12["why"].startswith("spread 31% of the median > the 10% decision margin")
+    p11 = st[st["placement"] == "1x1"].iloc[0]
+    assert p11["why"] == "1 disturbed run(s) left out" and p11["n_runs"] == 5
+    assert "1x2 (spread 31%" in gb.table.iloc[0]["rests_on"]
+    assert "Unstable: strong_scaling 1x2: spread 31% of the median > the 10% decision margin." in gb.sentences
+    text = guidelines.summary(gb)
+    assert len(text.splitlines()) <= 25 and text.splitlines()[1].startswith("! placement with efficiency")
+    assert "1 decisions; 1 rest on unstable or disturbed points" in text
+    assert guidelines.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    out = capsys.readouterr().out
+    assert "differs: placement with efficiency >= 0.8 [kan]: rests on b: 2 of 2 point(s) unstable" in out
+    assert guidelines.main([str(tmp_path / "b"), "--summary"]) == 0
+
+
+def test_a_link_model_that_fails_its_own_check_gives_no_guidance(calibrated):
+    """Issue 22.5: the rule in one place (Context.model_check): a model whose DDP parity fails is not used for a
+    prediction, and the report says it over the what-ifs; one that passes carries its error as a band."""
+    from kanlib import report
+
+    g = guidelines.from_out_dir(str(calibrated))
+    pred = g.table[g.table["question"].str.contains("predicted largest world size")]
+    assert len(pred) and all("model error band" in a for a in pred["answer"])
+    assert g.context.model_check().status == "passed"
+    for path in load.find_record_files(str(calibrated)):  # the measured exposure: 10 ms more than the model says
+        rec = load.read_json(path)
+        if rec.get("comm_hook") == "timed":
+            rec["step_time_s"] += 0.010
+            with open(path, "w") as f:
+                json.dump(rec, f)
+    bad = guidelines.from_out_dir(str(calibrated))
+    pred = bad.table[bad.table["question"].str.contains("predicted largest world size")]
+    assert len(pred) and set(pred["answer"]) == {"not used: the link model failed its own check"}
+    check = bad.context.model_check()
+    assert check.status == "failed" and "DDP parity" in check.why
+    body = open(report.build_report(str(calibrated), guidelines=bad)).read()
+    assert body.count("FAILED its own check") >= 3  # the front page and both what-ifs

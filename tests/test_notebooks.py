@@ -285,4 +285,8 @@ def test_make_study_writes_to_an_absolute_out_even_with_spaces(tmp_path):
     assert json.load(open(out / "notebooks" / "05_guidelines.ipynb.args.json"))[3:4] != ["-f"]  # no file of its own
     assert (out / "notebooks" / "05_guidelines.html").exists()
     assert f"Report: {out}/report.html" in run.stdout
+    # it ends with the one-screen summary (issue 27.3): the decisions and what they rest on
+    tail = [t for t in run.stdout[run.stdout.index(f"Report: {out}/report.html"):].splitlines()
+            if not t.startswith("make")]
+    assert tail[-1].startswith("! = rests on unstable/disturbed points") and any("decisions;" in t for t in tail)
     assert not os.path.exists(os.path.join(notebook.REPO, str(out).lstrip("/")))  # nothing under the repo

@@ -70,7 +70,7 @@ def test_exposed_communication_on_two_gloo_processes(tmp_path):
     cfgs = plans.communication([2], base, bucket_caps_mb=[0.05, 25.0])
     res = run_sweep(cfgs, progress=False, rerun_disturbed=False)
     assert res.ok, res.failures
-    df = load.load_records(str(tmp_path))
+    df = load.load_records(str(tmp_path), disturbed="keep")  # what ran, busy test machine or not
     timed = df[df["comm_hook"] == "timed"].set_index("bucket_cap_mb")
     noop = df[df["comm_hook"] == "noop"]
     assert (timed["comm_total_s"] > 0).all()

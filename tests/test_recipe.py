@@ -137,5 +137,5 @@ def test_time_to_accuracy_notebook_runs_pykans_recipe(tmp_path, monkeypatch):
     papermill.execute_notebook(notebook.to_ipynb("07_time_to_accuracy", str(tmp_path / "nb")),
                                str(tmp_path / "out.ipynb"), parameters=params, cwd=notebook.NOTEBOOK_DIR,
                                progress_bar=False)
-    (rec,) = results.load_records(str(tmp_path), "time_to_accuracy").to_dict("records")
+    (rec,) = results.load_records(str(tmp_path), "time_to_accuracy", disturbed="keep").to_dict("records")
     assert rec["optimizer"] == "lbfgs" and rec["reached_target"] and rec["evals_per_step"] > 1

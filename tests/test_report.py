@@ -67,7 +67,8 @@ def test_explorer_follows_its_study(study_dir):
     study_w.value = "model_size"  # the controls follow the chosen study
     assert x_w.value == "n_params" and model_w.options == ("kan", "mlp") and size_w.options == (1000, 10000, 100000)
     fig = explorer.explorer_figure(df, "communication", "bucket_cap_mb", views=studies.views())
-    assert {t.name for t in fig.data} == {"kan 1x2 noop", "kan 1x2 timed", "kan 2x1 noop", "kan 2x1 timed"}
+    assert {t.name for t in fig.data} == {"kan 1x2 comm_hook=noop", "kan 1x2 comm_hook=timed", "kan 2x1 comm_hook=noop",
+                                          "kan 2x1 comm_hook=timed"}
     with pytest.raises(ValueError, match="study: no records of 'nope'"):
         explorer.explorer_options(df, "nope", studies.views())
 
@@ -89,12 +90,13 @@ def test_report_findings_first_offline_and_relative(study_dir):
     assert not re.search(r"<script[^>]+src=", text) and not re.search(r"<link[^>]+href=", text)
     assert "http" not in without_scripts(text) and not re.search(r"mathjax[^'\"]*\.js", text, re.I)
     body = text[text.index("<body>"):]
-    # findings come first, beside the published numbers
-    assert body.index("<h2>Findings</h2>") < body.index("Deployment guidelines") < body.index("Strong scaling (")
+    # the verdicts come first, then every finding beside the published numbers, the guidelines, the studies
+    assert body.index("id='verdicts'") < body.index("<h2>All findings beside the published study</h2>") \
+        < body.index("<h2>Deployment guidelines") < body.index("Strong scaling (")
     for published in ("speedup 5.97x, efficiency 74.7% at 8 GPUs over 4 nodes", "1.3%-6.1%",
                       "a drop in efficiency from 1 to several GPUs, then stable", "parameters-per-byte"):
         assert published in body
-    assert "1x2: speedup 1.82x [" in body and "2x1: speedup 1.60x [" in body
+    assert "1x2: speedup 1.82x (3 runs)" in body and "2x1: speedup 1.60x (3 runs)" in body  # too few for intervals
     assert "over 3 multi-process points efficiency ranges 50%-91%, rising with work per process at 1x2" in body
     assert "Communication overhead (exposed / step)" in body
     # readable tables with units, no raw floats
@@ -106,7 +108,9 @@ def test_report_findings_first_offline_and_relative(study_dir):
     links = re.findall(r"href='([^'#][^']*)'", body)
     assert links and all(not os.path.isabs(p) for p in links)
     assert all(os.path.exists(os.path.join(os.path.dirname(path), p)) for p in links if not p.endswith("figures/"))
-    assert any(p.endswith("docs/measurement.md") for p in links)
+    # the docs lie outside the report's folder here: named, not linked (a ../ link breaks when the report travels)
+    assert not any(p.endswith("docs/measurement.md") for p in links)
+    assert "docs/measurement.md in the kanlib repository" in body
     assert str(study_dir) not in body  # no absolute path beside relative ones
     # every figure is drawn from inline plotly.js (studies without records, e.g. compounding here, draw none)
     assert body.count("Plotly.newPlot") == sum(len(a.figures) for a in report.analyses(str(study_dir)).values())
@@ -155,14 +159,21 @@ def test_figures_save_as_offline_files(study_dir, tmp_path):
 def test_explorer_keeps_kernels_parallelisms_and_rules_apart(full_study_dir):
     df = load.load_records(str(full_study_dir))
     comp = explorer.explorer_figure(df, "compounding", views=studies.views())
-    assert {t.name for t in comp.data} == {"kan 1x1 fast fast", "kan 1x1 reference reference", "kan 1x2 fast fast",
-                                           "kan 1x2 reference reference"}
+    assert {t.name for t in comp.data} == {"kan 1x1 kan_impl=fast, kan_path=fast",
+                                           "kan 1x1 kan_impl=reference, kan_path=reference",
+                                           "kan 1x2 kan_impl=fast, kan_path=fast",
+                                           "kan 1x2 kan_impl=reference, kan_path=reference"}
     size = explorer.explorer_figure(df, "model_size", views=studies.views())
-    assert {"kan 1x2 ddp", "kan 1x2 fsdp"} <= {t.name for t in size.data}
+    assert {"kan 1x2 parallelism=ddp", "kan 1x2 parallelism=fsdp"} <= {t.name for t in size.data}
     tta = explorer.explorer_options(df, "time_to_accuracy", studies.views())
     assert "time_to_target_s" in tta["metrics"] and tta["x"][0] == "world_size"
-    assert {t.name for t in explorer.explorer_figure(df, "time_to_accuracy", metric="time_to_target_s", views=studies.views()).data} == {
-        "kan 1x1 linear", "kan 1x1 none", "kan 1x2 linear", "kan 1x2 none", "kan 2x1 none"}
+    # the strong series (global batch 256) and the weak one (64 per process) are apart at 1x1, as in the table
+    assert {t.name for t in explorer.explorer_figure(df, "time_to_accuracy", metric="time_to_target_s",
+                                                     views=studies.views()).data} == {
+        "kan 1x1 lr_rule=linear, global_batch=64", "kan 1x1 lr_rule=none, global_batch=256",
+        "kan 1x1 lr_rule=none, global_batch=64", "kan 1x2 lr_rule=linear, global_batch=128",
+        "kan 1x2 lr_rule=none, global_batch=128", "kan 1x2 lr_rule=none, global_batch=256",
+        "kan 2x1 lr_rule=none, global_batch=256"}
 
 
 def test_report_has_the_calibration_published_setup_and_extrapolation(calibrated):
@@ -211,3 +222,72 @@ def test_a_report_build_reads_each_record_once_and_fits_the_link_model_once(cali
     g = guidelines.from_out_dir(str(calibrated))  # notebook 05: the guidelines, then the report
     report.build_report(str(calibrated), guidelines=g)
     assert sorted(opened) == files and len(fitted) == 1
+
+
+def test_explorer_median_never_pools_two_groups_of_a_table(full_study_dir):
+    """Issue 22.7: each median the explorer draws is the median of one point a table keeps apart (records equal
+    in every configuration field that varies, placement included, but the repeat): notebook 01's two work sizes
+    (global batch 8192 and 512) and notebook 03's runs with and without the emulated link are lines of their own,
+    never one pooled median."""
+    import numpy as np
+
+    from kanlib.analysis import groups
+
+    write_records(full_study_dir, strong_records({"1x1": 0.35, "1x2": 0.2}, repeats=4, batch=8192,
+                                                 widths=[32, 128, 1]))
+    df = load.load_records(str(full_study_dir))
+    for study in ("strong_scaling", "communication"):
+        sub = groups.with_placement(df[df["study"] == study])
+        fields = groups.design(sub, study, axes=()).groups + ["placement"]
+        medians = {}  # world size -> the median step time of every point there
+        for key, g in groups.groupby(sub, fields):
+            medians.setdefault(int(g["world_size"].iloc[0]), []).append(float(np.median(g["step_time_s"])))
+        fig = explorer.explorer_figure(df, study, views=studies.views())
+        for t in fig.data:
+            for x, y in zip(t.x, t.y):
+                assert any(np.isclose(m, y, rtol=1e-12) for m in medians[int(x)]), (study, t.name, x, y)
+
+
+def test_front_page_gives_a_verdict_per_published_claim_and_describes_the_machine(full_study_dir):
+    write_records(full_study_dir, [dict(strong_records({"1x2": 6.0}, repeats=1)[0], foreign_cpu_frac=0.4,
+                                        interference_window_s=5.0, repeat=7)])
+    g = guidelines.from_out_dir(str(full_study_dir))
+    all_a = report.analyses(str(full_study_dir), ctx=g.context)
+    vs = report.verdicts(all_a, g, str(full_study_dir), g.context)
+    assert [v["claim"] for v in vs] == [c for c, _, _ in report.CLAIMS]
+    assert all(v["verdict"] in report.VERDICTS for v in vs)
+    by = {v["claim"]: v for v in vs}
+    # CPU processes, N <= 4, 2x1 is two launches on one host: the 8-GPU claim is not comparable here
+    assert by["Strong scaling"]["verdict"] == "not comparable here" and "CPU" in by["Strong scaling"]["why"]
+    assert "resident set" in by["Model-size scaling"]["why"]  # params per byte on CPU is an artefact
+    body = open(report.build_report(str(full_study_dir), guidelines=g)).read()
+    front = body[body.index("id='front'"):body.index("id='stability'")]
+    assert "id='verdicts'" in front and "id='own-findings'" in front and "loopback" in front
+    assert "1 run(s) disturbed (left out; named under Stability)" in front
+    assert "Step time against model size" in body and "time scales unfavourably" in body
+    stab = body[body.index("id='stability'"):body.index("id='findings'")]
+    assert "disturbed run(s) left out" in stab and "too few repeats" in stab
+    assert "CUDA / NCCL" not in body  # a CPU study records no CUDA
+
+
+def test_readme_results_are_generated_from_the_outputs_and_checked(study_dir, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# kanlib\n\nintro\n\n{report.README_START}\nold numbers\n{report.README_END}\n\nusage\n")
+    assert report.main([str(study_dir), "--check-readme", str(readme)]) == 1
+    report.write_readme(str(study_dir), str(readme))
+    text = readme.read_text()
+    assert text.startswith("# kanlib\n\nintro\n") and text.endswith("\n\nusage\n") and "old numbers" not in text
+    assert "| Strong scaling |" in text and "**not comparable here**" in text
+    assert report.main([str(study_dir), "--check-readme", str(readme)]) == 0
+    readme.write_text(text.replace("| Strong scaling |", "| Strong scaling (edited) |"))
+    assert report.main([str(study_dir), "--check-readme", str(readme)]) == 1
+    with pytest.raises(ValueError, match="no results markers"):
+        (tmp_path / "bare.md").write_text("# nothing\n")
+        report.write_readme(str(study_dir), str(tmp_path / "bare.md"))
+
+
+def test_readme_carries_the_generated_results_markers():
+    """README's results section is the generator's to write (python -m kanlib.report --readme OUT)."""
+    text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    assert text.count(report.README_START) == 1 and text.count(report.README_END) == 1
+    assert text.index(report.README_START) < text.index(report.README_END)

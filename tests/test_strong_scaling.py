@@ -88,6 +88,6 @@ def test_display_table_formats_units_and_intervals(study_dir):
     assert list(t.columns) == ["model", "global_batch", "placement", "runs", "step time (ms)", "speedup",
                                "efficiency", "Karp-Flatt serial fraction"]
     row = t[(t["global_batch"] == "512") & (t["placement"] == "1x2")].iloc[0]
-    assert re.fullmatch(r"4\.44e\+03 \[[\d.e+]+, [\d.e+]+\]", row["step time (ms)"])
-    assert re.fullmatch(r"1\.82x \[1\.\d\dx, 1\.\d\dx\]", row["speedup"])
-    assert re.fullmatch(r"91% \[\d\d%, \d\d%\]", row["efficiency"])
+    # three runs per point: fewer than an interval needs, so the runs themselves and "3 runs", no bracket
+    assert row["step time (ms)"] == "4.44e+03 (3 runs: 4.4e+03, 4.44e+03, 4.49e+03)"
+    assert row["speedup"] == "1.82x (3 runs)" and row["efficiency"] == "91% (3 runs)"

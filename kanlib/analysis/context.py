@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from kanlib.analysis import commmodel, load
+import numpy as np
+
+from kanlib.analysis import commmodel, groups, load, stats
 
 BENCH_TIME_COLS = ("time_s", "time_s_p10", "time_s_p90")
 """The collective-benchmark times a link model can be fitted on."""
@@ -59,7 +61,7 @@ class Goals:
                              f"{self.memory_budget_bytes!r} and {self.step_time_budget_s!r}")
 
 
-PARAMS = ("bench_time_col", "val_loss_tolerance", "calibration_tolerance")
+PARAMS = ("bench_time_col", "val_loss_tolerance", "calibration_tolerance", "disturbed")
 """The parameters of the analyses (a :class:`Context`'s fields a caller may set)."""
 
 
@@ -69,13 +71,16 @@ class Context:
     and what is derived from them, each made once and kept. Parameters: ``bench_time_col`` (the collective-benchmark
     time the links are fitted on: ``time_s_p10``, the lower decile, for a machine shared with other work; ``time_s``
     is the median), ``val_loss_tolerance`` (relative; an option whose validation loss rises more harms convergence)
-    and ``calibration_tolerance`` (of the known-signal check)."""
+    and ``calibration_tolerance`` (of the known-signal check and the link model's leave-one-out error);
+    ``disturbed``: ``"leave_out"`` (default) or ``"keep"`` the runs whose machine was busy
+    (:func:`kanlib.analysis.load.split_disturbed`)."""
 
     out_dir: str
     code: str = "newest"
     bench_time_col: str = "time_s_p10"
     val_loss_tolerance: float = 0.01
     calibration_tolerance: float = 0.2
+    disturbed: str = "leave_out"
     frame: pd.DataFrame | None = None
     """Records given as a frame instead of read from ``out_dir`` (:meth:`from_frame`)."""
     bench_frame: pd.DataFrame | None = None
@@ -106,8 +111,9 @@ class Context:
         :class:`kanlib.analysis.load.NoRecordsError` when there is none."""
         if self.frame is not None:
             df = self.frame if study is None else self.frame[self.frame["study"] == study]
-            return load.Selection(df, [], self.code)
-        return self.cached(("runs", study), lambda: self.records.select(study, self.code))
+            df, flagged = load.split_disturbed(df, self.disturbed)
+            return load.Selection(df, [], self.code, flagged, self.disturbed)
+        return self.cached(("runs", study), lambda: self.records.select(study, self.code, self.disturbed))
 
     def studies(self) -> set[str]:
         """The studies that have records here (empty when none)."""
@@ -135,3 +141,139 @@ class Context:
             return LinkFit(bench, commmodel.fit_collbench(bench, time_col=time_col), time_col)
         except ValueError as e:  # e.g. only single-process benchmark runs
             return LinkFit(bench, None, time_col, str(e))
+
+    # -- stability and the model's own check: one place each -------------------------------------------
+    def stability(self, metric: str = "step_time_s") -> pd.DataFrame:
+        """Every measured point of every study (:func:`point_stability`), with the disturbed runs counted
+        whatever the policy; empty without records."""
+        def make():
+            try:
+                if self.frame is not None:
+                    df = load.mark_disturbed(self.frame)
+                else:
+                    df = self.records.select(None, self.code, "keep").data
+            except load.NoRecordsError:
+                return pd.DataFrame(columns=STABILITY_COLUMNS)
+            return point_stability(df, metric, keep_disturbed=self.disturbed == "keep")
+        return self.cached(("stability", metric), make)
+
+    def model_check(self) -> "ModelCheck":
+        """Whether the link model passed its own validation (:func:`check_model`), once."""
+        return self.cached("model_check", lambda: check_model(self))
+
+
+STABILITY_COLUMNS = ["study", "point", "placement", "n_runs", "n_disturbed", "median", "spread", "unstable", "why",
+                     "key"]
+
+
+def point_stability(df: pd.DataFrame, metric: str = "step_time_s", margin: float = stats.MARGIN,
+                    min_runs: int = stats.MIN_RUNS, keep_disturbed: bool = False) -> pd.DataFrame:
+    """Per study and point (records equal in every configuration field, record group field and placement, the
+    repeats of one configuration): the runs of ``metric`` the analyses use, how many were disturbed, the median and
+    the spread ``(max - min) / median`` of the runs. A point is **unstable**, as pyperf says of a benchmark, when
+    its runs spread wider than the decision ``margin`` the guidelines use, when any of its runs was disturbed, or
+    when it has fewer runs than an interval needs (``min_runs``); ``why`` says which. ``key``: the point's field
+    values (for matching a guideline's group)."""
+    df = groups.with_placement(load.mark_disturbed(df))
+    rows = []
+    for study, ds in df.groupby("study", sort=True) if "study" in df else [("", df)]:
+        d = groups.design(ds, study, axes=("placement", *groups.PLACEMENT_AXES))
+        keys = [f for f in d.groups if f != "disturbed"] + ["placement"]
+        for key, g in groups.groupby(ds, keys):
+            bad = g[g["disturbed"]]
+            used = g if keep_disturbed else g[~g["disturbed"]]
+            v = groups.numbers(used, metric)
+            v = v[np.isfinite(v) & (v > 0)]
+            med = float(np.median(v)) if v.size else float("nan")
+            spread = float((v.max() - v.min()) / med) if v.size >= 2 and med > 0 else float("nan")
+            why = []
+            if v.size >= 2 and spread > margin:
+                why.append(f"spread {spread:.0%} of the median > the {margin:.0%} decision margin")
+            if len(bad):
+                why.append(f"{len(bad)} disturbed run(s) {'kept' if keep_disturbed else 'left out'}")
+            if v.size < min_runs:
+                why.append(f"too few repeats ({v.size} run(s); an interval needs {min_runs})")
+            label = groups.group_label({k: key[k] for k in keys if k != "placement" and groups.varies(ds[k])})
+            rows.append({"study": study, "point": f"{key['placement']}" + (f", {label}" if label else ""),
+                         "placement": key["placement"], "n_runs": int(v.size), "n_disturbed": int(len(bad)),
+                         "median": med, "spread": spread, "unstable": bool(why), "why": "; ".join(why),
+                         "key": {k: key[k] for k in keys}})
+    return pd.DataFrame(rows, columns=STABILITY_COLUMNS)
+
+
+PARITY_TOLERANCE = 0.5
+"""The link model fails its own check when the median relative error of the exposed communication it predicts
+for the study's DDP runs (parity) is larger than this."""
+
+
+@dataclass
+class ModelCheck:
+    """The link model's own validation: ``status`` passed / failed / not checked, ``why`` (each check's number),
+    and ``band`` (relative error that travels with any prediction: the parity median, else the leave-one-out
+    median; NaN when unknown)."""
+
+    status: str
+    why: str
+    band: float = float("nan")
+
+    @property
+    def usable(self) -> bool:
+        """Whether guidance or extrapolation may use the model: only when it passed its own check."""
+        return self.status == "passed"
+
+    def describe(self) -> str:
+        """One sentence for a guideline, a report or a summary."""
+        if self.status == "passed":
+            return f"the link model passed its own check ({self.why}); predictions carry a ±{self.band:.0%} band"
+        if self.status == "failed":
+            return (f"the link model FAILED its own check ({self.why}): it is not used for guidance or "
+                    f"extrapolation")
+        return f"the link model is not checked ({self.why}): it is not used for guidance or extrapolation"
+
+
+def check_model(ctx: Context) -> ModelCheck:
+    """The one rule: the link model fitted on the collective benchmark is used for guidance or extrapolation only
+    when its own validation passes: the known signal (each injected emulated constant recovered within
+    ``calibration_tolerance``), the leave-one-out error of the benchmark points (median within
+    ``calibration_tolerance``) and parity against the study's DDP runs (median exposed-communication error within
+    :data:`PARITY_TOLERANCE`); read from kanlib.analysis.commmodel's recovered_links, fit_points and
+    validate_ddp. A check the data do not allow is named, not passed."""
+    fit = ctx.link_fit()
+    if fit.fits is None:
+        return ModelCheck("not checked", fit.error or "no collective-benchmark records")
+    tol, why, failed = ctx.calibration_tolerance, [], False
+    rec = commmodel.recovered_links(fit.fits)
+    for _, r in rec.iterrows():
+        for what, inj, err in (("latency", r["emulate_latency_s"], r["latency_rel_err"]),
+                               ("bandwidth", r["emulate_bandwidth_bytes_per_s"], r["bandwidth_rel_err"])):
+            if not inj:
+                continue
+            ok = err is not None and np.isfinite(err) and abs(err) <= tol
+            failed |= not ok
+            why.append(f"known {what} recovered " + (f"{err:+.0%}" if err is not None and np.isfinite(err)
+                                                      else "not at all") + f" (tolerance {tol:.0%})")
+    if rec.empty:
+        why.append("no known signal (no emulated link)")
+    pts = commmodel.fit_points(fit.fits)
+    loo = float(pts["loo_rel_err"].abs().median()) if len(pts) else float("nan")
+    if np.isfinite(loo):
+        failed |= loo > tol
+        why.append(f"leave-one-out median error {loo:.0%}")
+    band = loo
+    try:
+        recs = groups.with_placement(ctx.runs("communication").data)
+        for c in ("emulate_latency_s", "emulate_bandwidth_bytes_per_s"):
+            recs[c] = recs[c].fillna(0.0) if c in recs else 0.0
+        par = commmodel.validate_ddp(recs, fit.fits)
+    except (load.NoRecordsError, KeyError, ValueError):
+        par = pd.DataFrame()
+    ok = par[np.isfinite(par["exposed_rel_err"].to_numpy(float))] if len(par) and "exposed_rel_err" in par else par
+    if len(ok):
+        med = float(ok["exposed_rel_err"].abs().median())
+        failed |= med > PARITY_TOLERANCE
+        why.append(f"DDP parity over {len(ok)} runs: median exposed error {med:.0%} (tolerance "
+                   f"{PARITY_TOLERANCE:.0%})")
+        band = med
+    else:
+        why.append("no DDP run to check parity on")
+    return ModelCheck("failed" if failed else "passed", "; ".join(why), band)

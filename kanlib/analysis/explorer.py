@@ -28,6 +28,8 @@ class View:
 
     x: tuple[str, ...] = ("world_size", "n_params")
     series: tuple[str, ...] = ()
+    axes: tuple[str, ...] = groups.PLACEMENT_AXES
+    """The study's table axes (``AXES``): what varies within one of its groups (kanlib.studies.views fills it)."""
 
 
 def explorer_options(df: pd.DataFrame, study: str, views: dict[str, View] | None = None) -> dict:
@@ -60,7 +62,8 @@ def explorer_figure(df: pd.DataFrame, study: str, x: str | None = None, metric: 
     if size_range is not None:
         d = d[(d["n_params"] >= size_range[0]) & (d["n_params"] <= size_range[1])]
     d = groups.with_placement(d)
-    keys = ["model", "placement"] + [f for f in opt["series"] if f in d and groups.varies(d[f])]
+    derived = [c for c in ("depth", "local_batch") if c not in df]  # added above for the x axis, not record fields
+    keys = line_keys(d.drop(columns=derived), study, x, opt["series"], (views or {}).get(study, View()).axes)
     fig = go.Figure()
     for key, g in groups.groupby(d, keys):
         agg = g.groupby(x)[metric].agg(["median", "min", "max"]).reset_index().dropna()
@@ -68,7 +71,7 @@ def explorer_figure(df: pd.DataFrame, study: str, x: str | None = None, metric: 
             continue
         m, p = key["model"], key["placement"]
         fig.add_trace(go.Scatter(x=agg[x], y=agg["median"], mode="lines+markers" if len(agg) > 1 else "markers",
-                                 name=" ".join(str(v) for v in key.values()), legendgroup=str(m),
+                                 name=trace_name(key), legendgroup=str(m),
                                  line=dict(color=style.model_color(m),
                                            dash=style.FAMILY_DASH[groups.family(int(p.split("x")[0]))]),
                                  marker=dict(symbol=style.placement_symbol(p), size=9, color=style.model_color(m)),
@@ -77,6 +80,29 @@ def explorer_figure(df: pd.DataFrame, study: str, x: str | None = None, metric: 
     fig.update_layout(template=style.TEMPLATE, height=420, xaxis_title=x, yaxis_title=metric,
                       title=f"{study}: median {metric} against {x} (bars: min-max over repeats)")
     return fig
+
+
+def line_keys(d: pd.DataFrame, study: str, x: str, series=(), axes=groups.PLACEMENT_AXES) -> list[str]:
+    """The fields that make a line of its own: model, placement, every field that separates the study's table
+    groups (:func:`kanlib.analysis.groups.design` with the study's ``axes``), the view's ``series`` where they
+    vary, and any table axis that still varies at one ``x`` within a line; so a median never pools two points a
+    table keeps apart (the strong-scaling work sizes, runs with and without the emulated link)."""
+    keys = ["model", "placement"]
+    placed = set(groups.PLACEMENT_AXES) | {"world_size", x}  # the placement names them already
+    keys += [f for f in groups.design(d, study, axes).groups if f not in placed and f not in keys]
+    keys += [f for f in series if f in d and f != x and f not in keys and groups.varies(d[f])]
+    for a in axes:
+        if a in keys or a == x or a in groups.PLACEMENT_AXES or a not in d:
+            continue
+        if any(groups.varies(g[a]) for _, g in groups.groupby(d, keys + [x])):
+            keys.append(a)
+    return keys
+
+
+def trace_name(key: dict) -> str:
+    """``kan 1x2 kan_impl=fast, emulate_latency_s=0.005``: model, placement and the other line fields that are set."""
+    rest = {k: v for k, v in key.items() if k not in ("model", "placement") and not (isinstance(v, float) and v != v)}
+    return f"{key['model']} {key['placement']}" + (f" {groups.group_label(rest)}" if rest else "")
 
 
 def explorer(df: pd.DataFrame, study: str | None = None, views: dict[str, View] | None = None):
@@ -129,6 +155,15 @@ def show_explorer(df: pd.DataFrame, study: str, views: dict[str, View] | None = 
     executed notebook or an HTML export (no kernel) still shows the figure."""
     from IPython.display import Markdown, display
 
-    display(explorer(df, study, views))
+    panel = explorer(df, study, views)
+    # a saved notebook has no widget state: JupyterLab then shows the text/plain part, which by default is the raw
+    # repr "VBox(children=...)"; say what it is instead
+    bundle = panel._repr_mimebundle_() if hasattr(panel, "_repr_mimebundle_") else None
+    if isinstance(bundle, dict):
+        bundle["text/plain"] = ("Explorer (study, x, metric, model and size controls): needs a live kernel; "
+                                "run the cell.")
+        display(bundle, raw=True)
+    else:
+        display(panel)
     display(Markdown("*Static copy of the explorer's first view (the controls above need a live kernel):*"))
     explorer_figure(df, study, views=views).show()

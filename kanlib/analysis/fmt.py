@@ -70,13 +70,50 @@ def ci_text(v, lo, hi, fmt) -> str:
     return fmt(v)
 
 
+def runs_text(v, n: int, fmt, runs=None) -> str:
+    """A value from fewer runs than an interval needs: ``212 (2 runs: 191, 234)`` with the runs themselves when
+    known, else ``82% (2 runs)``: no bracketed interval (with two runs a bootstrap "interval" is their min and
+    max)."""
+    if not finite(v):
+        return "n/a"
+    if isinstance(runs, (tuple, list)) and len(runs):
+        return f"{fmt(v)} ({n} run{'s' if n != 1 else ''}: {', '.join(fmt(r) for r in sorted(runs))})"
+    return f"{fmt(v)} ({n} run{'s' if n != 1 else ''})"
+
+
+def too_few(n) -> bool:
+    """Whether ``n`` runs are fewer than an interval needs (:data:`kanlib.analysis.stats.MIN_RUNS`)."""
+    from kanlib.analysis.stats import MIN_RUNS
+
+    try:
+        return int(n) < MIN_RUNS
+    except (TypeError, ValueError):
+        return False
+
+
 def ci_column(t: pd.DataFrame, col: str, fmt, lo: str | None = None, hi: str | None = None) -> list[str]:
-    """:func:`ci_text` of every row of column ``col`` of ``t`` (bounds ``<col>_lo`` / ``<col>_hi`` by default)."""
-    return [ci_text(v, a, b, fmt) for v, a, b in zip(t[col], t[lo or f"{col}_lo"], t[hi or f"{col}_hi"])]
+    """:func:`ci_text` of every row of column ``col`` of ``t`` (bounds ``<col>_lo`` / ``<col>_hi`` by default);
+    a row with fewer runs (``n_runs``) than an interval needs shows :func:`runs_text` instead (the runs themselves
+    from ``<col>_runs`` when the table has them)."""
+    n = t["n_runs"] if "n_runs" in t else pd.Series([None] * len(t), index=t.index)
+    runs = t[f"{col}_runs"] if f"{col}_runs" in t else pd.Series([None] * len(t), index=t.index)
+    return [runs_text(v, k, fmt, r) if too_few(k) else ci_text(v, a, b, fmt)
+            for v, a, b, k, r in zip(t[col], t[lo or f"{col}_lo"], t[hi or f"{col}_hi"], n, runs)]
+
+
+def row_ci(row, col: str, fmt, lo: str | None = None, hi: str | None = None) -> str:
+    """A table row's ``col`` as :func:`ci_text`, or :func:`runs_text` when the row has fewer runs (``n_runs``)
+    than an interval needs."""
+    if too_few(row.get("n_runs")):
+        return runs_text(row[col], int(row["n_runs"]), fmt, row.get(f"{col}_runs"))
+    return ci_text(row[col], row.get(lo or f"{col}_lo", np.nan), row.get(hi or f"{col}_hi", np.nan), fmt)
 
 
 def pct_ci(row, col: str, lo: str | None = None, hi: str | None = None) -> str:
-    """``91% [88%, 93%]``: a row's fraction ``col`` with its interval (always both bounds, ``n/a`` if missing)."""
+    """``91% [88%, 93%]``: a row's fraction ``col`` with its interval (always both bounds, ``n/a`` if missing);
+    ``82% (2 runs)`` when the row has fewer runs (``n_runs``) than an interval needs."""
+    if too_few(row.get("n_runs")):
+        return runs_text(row[col], int(row["n_runs"]), pct)
     lo_v, hi_v = row.get(lo or f"{col}_lo", np.nan), row.get(hi or f"{col}_hi", np.nan)
     return f"{pct(row[col])} [{pct(lo_v)}, {pct(hi_v)}]"
 

@@ -22,9 +22,10 @@ from kanlib.analysis.table import Table
 
 # Fields that never separate records: bookkeeping of a run, not what it measured.
 BOOKKEEPING = ("repeat", "out_dir", "pg_timeout_s", "checkpoint_every", "study", "config_backend",
-               "config_device", "record_path")
+               "config_device", "record_path", "disturbed_why")
 # Fields of the records that are not config fields but say what ran (values used, or the code).
-RECORD_GROUP_FIELDS = ("backend", "device", "device_name", "code_version")
+RECORD_GROUP_FIELDS = ("backend", "device", "device_name", "code_version", "disturbed")
+"""``disturbed``: kept disturbed runs (kanlib.analysis.load, ``disturbed="keep"``) are a group of their own."""
 PLACEMENT_AXES = ("nnodes", "nproc_per_node")
 """The axes of a study that declares none: the placement."""
 

@@ -10,6 +10,10 @@ kanlib.records. Derived quantities are computed by the study modules (kanlib.stu
   version ``unknown``) are never pooled. By default :meth:`Records.select` keeps, per study, the records of the
   newest code version (the one whose latest run finished last) and names what it left out
   (:attr:`Selection.left_out`); ``code="all"`` keeps every version as a group of its own.
+- **Disturbed runs.** A run whose machine was busy during its measured steps (:func:`kanlib.records.disturbance`
+  non-empty: other processes took its CPUs, a rank waited for a CPU, another process on its GPU) is left out by
+  default and named (:attr:`Selection.disturbed`, :attr:`Selection.disturbed_note`); ``disturbed="keep"`` keeps it,
+  marked (column ``disturbed``, a group field: the tables show disturbed runs apart, never pooled with clean ones).
 - **Bad values.** A record that cannot be read or fails :func:`kanlib.records.check_record` (a NaN, zero or
   negative step time, ...) is skipped, named (:attr:`Records.bad`) and warned about.
 """
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from kanlib.records import (BENCH_KIND, MANIFEST_NAME, RECORD_NAME, STEP_COLUMNS, STEPS_NAME, RecordError,
+from kanlib.records import (BENCH_KIND, disturbance, MANIFEST_NAME, RECORD_NAME, STEP_COLUMNS, STEPS_NAME, RecordError,
                             check_bench_record, check_record, read_manifest_rows, read_steps_rows)
 
 
@@ -36,6 +40,8 @@ UNKNOWN_CODE = "unknown"
 """The code version of records written before ``code_version`` existed (schema 1)."""
 
 CODE_POLICIES = ("newest", "all")
+DISTURBED_POLICIES = ("leave_out", "keep")
+"""What an analysis does with disturbed runs: leave them out (default, named) or keep them, shown apart."""
 
 
 def find_record_files(root: str) -> list[str]:
@@ -58,11 +64,19 @@ class Selection:
     data: pd.DataFrame
     left_out: list[dict] = field(default_factory=list)
     code: str = "newest"
+    disturbed: list[dict] = field(default_factory=list)
+    """The disturbed runs of the selection (dicts of study, run, why, kept): left out unless the policy keeps them."""
+    disturbed_policy: str = "leave_out"
 
     @property
     def code_note(self) -> str:
         """One sentence naming the records left out by the code policy ('' when none were)."""
         return code_note(self.left_out)
+
+    @property
+    def disturbed_note(self) -> str:
+        """One sentence naming the disturbed runs and what was done with them ('' when there is none)."""
+        return disturbed_note(self.disturbed, self.disturbed_policy)
 
 
 @dataclass
@@ -77,13 +91,15 @@ class Records:
     bad: list[tuple] = field(default_factory=list)
     bench_bad: list[tuple] = field(default_factory=list)
 
-    def select(self, study: str | None = None, code: str = "newest") -> Selection:
+    def select(self, study: str | None = None, code: str = "newest", disturbed: str = "leave_out") -> Selection:
         """The training records of ``study`` (every study when None) that the code policy ``code`` keeps:
         ``"newest"`` keeps, per study, the code version whose last run finished latest; ``"all"`` keeps every
         version (the tables then group by ``code_version``); any other string keeps that ``code_version`` only.
-        No record raises :class:`NoRecordsError` saying where it looked."""
+        ``disturbed``: ``"leave_out"`` (default) drops the disturbed runs and names them, ``"keep"`` keeps them
+        marked (see :func:`split_disturbed`). No record raises :class:`NoRecordsError` saying where it looked."""
         if not isinstance(code, str) or not code:
             raise ValueError(f"code: expected 'newest', 'all' or a code_version string, got {code!r}")
+        check_disturbed_policy(disturbed)
         rows = [r for r in self.runs if study is None or r.get("study") == study]
         if not rows:
             what = f" of study {study!r}" if study else ""
@@ -93,8 +109,13 @@ class Records:
         if df.empty:
             raise NoRecordsError(f"no records of code_version {code!r} under {os.path.abspath(self.root)} "
                                  f"(have: {', '.join(sorted({d['code_version'] for d in left_out}))})")
+        df, flagged = split_disturbed(df, disturbed)
+        if df.empty:
+            raise NoRecordsError(f"no undisturbed records{f' of study {study!r}' if study else ''} under "
+                                 f"{os.path.abspath(self.root)}: {disturbed_note(flagged, disturbed)}")
         sort = [c for c in ("study", "world_size", "nnodes", "repeat") if c in df]
-        return Selection(df.sort_values(sort, kind="stable").reset_index(drop=True), left_out, code)
+        return Selection(df.sort_values(sort, kind="stable").reset_index(drop=True), left_out, code, flagged,
+                         disturbed)
 
     def bench(self) -> pd.DataFrame:
         """The collective-benchmark rows: the run's scalar fields (config, provenance, ``placement``,
@@ -150,10 +171,12 @@ def _add_bench(out: Records, path: str, rec: dict) -> None:
     out.bench_rows += [{**run, **row} for row in rec["rows"]]
 
 
-def load_records(root: str, study: str | None = None, strict: bool = False, code: str = "newest") -> pd.DataFrame:
-    """The training records under ``root`` (of ``study``, kept by the code policy ``code``) as one row each:
-    ``read(root, strict).select(study, code).data`` (see :func:`read`, :meth:`Records.select`)."""
-    return read(root, strict).select(study, code).data
+def load_records(root: str, study: str | None = None, strict: bool = False, code: str = "newest",
+                 disturbed: str = "leave_out") -> pd.DataFrame:
+    """The training records under ``root`` (of ``study``, kept by the code policy ``code`` and the disturbed-run
+    policy ``disturbed``) as one row each: ``read(root, strict).select(study, code, disturbed).data`` (see
+    :func:`read`, :meth:`Records.select`)."""
+    return read(root, strict).select(study, code, disturbed).data
 
 
 def load_bench(root: str) -> pd.DataFrame:
@@ -185,6 +208,57 @@ def select_code(df: pd.DataFrame, code: str = "newest") -> tuple[pd.DataFrame, l
         shas = sorted({str(v) for v in g.get("git_sha", pd.Series(["unknown"])).fillna("unknown")})
         left.append({"study": s, "code_version": cv, "git_sha": ", ".join(shas), "n_records": int(len(g))})
     return df[keep], left
+
+
+def check_disturbed_policy(disturbed: str) -> None:
+    """Refuse a policy other than :data:`DISTURBED_POLICIES`, naming the field."""
+    if disturbed not in DISTURBED_POLICIES:
+        raise ValueError(f"disturbed: expected one of {', '.join(DISTURBED_POLICIES)}, got {disturbed!r}")
+
+
+def mark_disturbed(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``df`` (one row per run) with ``disturbed_why`` (:func:`kanlib.records.disturbance` of the row,
+    '' when quiet or unknown) and ``disturbed`` (bool) filled where missing."""
+    df = df.copy()
+    if "disturbed_why" not in df:
+        df["disturbed_why"] = [disturbance({k: (None if _isnan(v) else v) for k, v in r.items()})
+                               for r in df.to_dict("records")] if len(df) else pd.Series(dtype=str)
+    df["disturbed_why"] = df["disturbed_why"].fillna("").astype(str)
+    df["disturbed"] = df["disturbed_why"] != ""
+    return df
+
+
+def _isnan(v) -> bool:
+    return isinstance(v, float) and v != v
+
+
+def split_disturbed(df: pd.DataFrame, disturbed: str = "leave_out") -> tuple[pd.DataFrame, list[dict]]:
+    """The rows the policy keeps and every disturbed run as ``{study, run, why, kept}``. ``"leave_out"`` drops
+    them; ``"keep"`` keeps them with ``disturbed`` True, a group field of every table (shown apart)."""
+    check_disturbed_policy(disturbed)
+    df = mark_disturbed(df)
+    bad = df[df["disturbed"]]
+    flagged = [{"study": r.get("study", ""), "run": _run_name(r.get("record_path", "")), "why": r["disturbed_why"],
+                "kept": disturbed == "keep"} for r in bad.to_dict("records")]
+    return (df if disturbed == "keep" else df[~df["disturbed"]]), flagged
+
+
+def _run_name(path) -> str:
+    """``study/run_dir`` of a record's path."""
+    if not isinstance(path, str) or not path:
+        return "?"
+    d = os.path.dirname(path)
+    return f"{os.path.basename(os.path.dirname(d))}/{os.path.basename(d)}"
+
+
+def disturbed_note(flagged: list[dict], disturbed: str = "leave_out") -> str:
+    """One sentence: how many runs were disturbed, which, why, and whether they were left out or kept apart."""
+    if not flagged:
+        return ""
+    what = ("left out (disturbed='keep' keeps them, shown apart)" if disturbed == "leave_out"
+            else "kept, shown apart from the clean runs (disturbed=True)")
+    return (f"{len(flagged)} disturbed run(s) {what}: "
+            + "; ".join(f"{d['run']} ({d['why']})" for d in flagged) + ".")
 
 
 def code_note(left_out: list[dict]) -> str:

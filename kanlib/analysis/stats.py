@@ -115,6 +115,10 @@ def fit_amdahl(n, speedup) -> float:
 
 
 # -- decisions --------------------------------------------------------------------------------------
+MIN_RUNS = 5
+"""Runs a point needs before a bootstrap interval means anything: below it a table shows the runs themselves and
+says "N runs", and no guideline ranks on the point (with two runs a percentile bootstrap of the median is their
+min and max)."""
 MARGIN = 0.10
 """A candidate counts as better only beyond this relative margin: single runs have no interval, and repeated
 runs of one config here differ by several percent."""

@@ -47,4 +47,7 @@ def titles() -> dict[str, str]:
 
 def views() -> dict:
     """What the explorer offers per study (each record study's ``EXPLORER``)."""
-    return {s: mods[0].EXPLORER for s, mods in sections().items() if mods[0].RECORDS}
+    import dataclasses
+
+    return {s: dataclasses.replace(mods[0].EXPLORER, axes=tuple(mods[0].AXES)) for s, mods in sections().items()
+            if mods[0].RECORDS}

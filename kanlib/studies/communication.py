@@ -272,7 +272,7 @@ def finding(a: StudyAnalysis) -> list[dict]:
     lo, hi = t.loc[t["overhead_fraction"].idxmin()], t.loc[t["overhead_fraction"].idxmax()]
 
     def point(r):
-        return (f"{fmt.ci_text(r['overhead_fraction'], r['overhead_lo'], r['overhead_hi'], fmt.pct1)} "
+        return (f"{fmt.row_ci(r, 'overhead_fraction', fmt.pct1, 'overhead_lo', 'overhead_hi')} "
                 f"({r['placement']}, {r['bucket_cap_mb']:g} MiB)")
 
     return [{"study": SECTION, "topic": "Communication overhead (exposed / step)",
@@ -401,8 +401,9 @@ def _best_bucket_answer(g: pd.DataFrame, p: str, label: str, rows: list, text: l
 
 
 def _prediction_answer(sel: pd.DataFrame, key: dict, p: str, label: str, fits: dict, target: float,
-                       rows: list, text: list) -> None:
-    """(c) The calibrated model (collective-benchmark fit) extrapolating one placement's best point."""
+                       rows: list, text: list, band: float = float("nan")) -> None:
+    """(c) The calibrated model (collective-benchmark fit) extrapolating one placement's best point; ``band``: the
+    model's own relative error (kanlib.analysis.context.ModelCheck), which travels with the prediction."""
     question = f"{p}: predicted largest world size with efficiency >= {target:g}"
     timed = sel[(sel["comm_hook"] == "timed")
                 & (sel["emulate_latency_s"] == key["emulate_latency_s"])
@@ -421,11 +422,15 @@ def _prediction_answer(sel: pd.DataFrame, key: dict, p: str, label: str, fits: d
     else:
         n_txt = f"{target:.0%} strong-scaling efficiency up to N={n_pred}"
         ans = f"{n_pred} processes: calibrated model; {pr['links']}"
+    if np.isfinite(band):
+        ans += f"; model error band ±{band:.0%} on exposed communication"
     text.append(f"{label}, {p}: the model calibrated on the collective benchmark ({pr['fit']}; {pr['links']}; "
                 f"leave-one-out error {pr['loo_rel_rmse']:.0%}) with this point's measured compute "
                 f"({pr['n_params']} parameters, global batch {pr['global_batch']}, {pr['n_buckets']} "
                 f"bucket(s), {pr['placement_per_node']} processes per node) predicts {n_txt}; an optimistic "
-                f"bound that ignores stragglers and congestion.")
+                f"bound that ignores stragglers and congestion"
+                + (f"; the model's own error, ±{band:.0%} on exposed communication, travels with it."
+                   if np.isfinite(band) else "."))
     rows.append({"question": question, "group": label, "answer": ans, "value": float(n_pred or 1),
                  "basis": "communication model"})
 
@@ -478,8 +483,16 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
                              "answer": "not predicted: no collective-benchmark records in this folder",
                              "value": np.nan, "basis": "communication model"})
                 continue
+            check = ctx.model_check()
+            if not check.usable:  # the one rule (kanlib.analysis.context.check_model): no guidance from a failed model
+                question = f"{p}: predicted largest world size with efficiency >= {goals.target_efficiency:g}"
+                text.append(f"{label}, {p}: no calibrated-model prediction: {check.describe()}.")
+                rows.append({"question": question, "group": label,
+                             "answer": f"not used: the link model {check.status} its own check",
+                             "value": np.nan, "basis": "communication model"})
+                continue
             sel = groups.select_records(recs, {**gkey, "placement": p, "bucket_cap_mb": bb["bucket_cap_mb"],
                                                "nccl_algo": "" if bb["nccl_algo"] == "default" else bb["nccl_algo"]})
             sel = sel[sel["comm_hook"].isin(["timed", "noop"])]
-            _prediction_answer(sel, key, p, label, fit.fits, goals.target_efficiency, rows, text)
+            _prediction_answer(sel, key, p, label, fit.fits, goals.target_efficiency, rows, text, check.band)
     return rows, text

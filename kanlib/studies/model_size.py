@@ -23,6 +23,7 @@ NAME = SECTION = RECORDS = "model_size"
 TITLE = "Model-size scaling (KAN vs matched-parameter MLP; DDP vs FSDP)"
 PUBLISHED = "a parameters-per-byte trend across model sizes"
 PUBLISHED_FSDP = "not studied (DDP only)"
+PUBLISHED_TIME = "time scales unfavourably with model size"
 AXES = ("model", "widths", "grid_size")
 SWEPT = ("model", "widths", "grid_size", "parallelism")
 EXPLORER = View(x=("n_params", "grid_size", "depth", "global_batch"), series=("parallelism",))
@@ -289,8 +290,28 @@ def finding(a: StudyAnalysis) -> list[dict]:
         parts.append(f"{m}: {g['params_per_byte'].iloc[0]:.3g} to {g['params_per_byte'].iloc[-1]:.3g} parameters "
                      f"per byte from {int(g['n_params'].iloc[0]):,} to {int(g['n_params'].iloc[-1]):,} parameters "
                      f"({trend}, log-log slope {slope:.2f})")
+    t = a.table.data
+    on_cpu = a.records is not None and "device" in a.records and \
+        not a.records["device"].astype(str).str.startswith("cuda").any()
+    if on_cpu and parts:  # a CPU process's peak resident set, not the memory the parameters take
+        parts.append(f"an artefact on CPU: peak memory is the process's resident set, "
+                     f"{fmt.mib(t['peak_mem_bytes'].min())}-{fmt.mib(t['peak_mem_bytes'].max())} MiB whatever the "
+                     f"size, "
+                     f"so parameters per byte rise with the parameters alone")
     out = [{"study": SECTION, "topic": "Parameters per byte of peak memory against model size",
             "ours": "; ".join(parts) or "fewer than two sizes per model", "published": PUBLISHED}]
+    tparts = []
+    for key, g in t.groupby([c for c in ("model", "placement") if c in t], sort=True):
+        g = g[np.isfinite(g["step_time_s"].to_numpy(float))].sort_values("n_params")
+        if g["n_params"].nunique() < 2:
+            continue
+        slope = np.polyfit(np.log(g["n_params"].to_numpy(float)), np.log(g["step_time_s"].to_numpy(float)), 1)[0]
+        tparts.append(f"{' '.join(str(k) for k in (key if isinstance(key, tuple) else (key,)))}: "
+                      f"{g['step_time_s'].iloc[0] * 1e3:.3g} to {g['step_time_s'].iloc[-1] * 1e3:.3g} ms from "
+                      f"{int(g['n_params'].iloc[0]):,} to {int(g['n_params'].iloc[-1]):,} parameters "
+                      f"(log-log slope {slope:.2f}: {'at least' if slope >= 0.9 else 'less than'} in proportion)")
+    out.append({"study": SECTION, "topic": "Step time against model size", "ours": "; ".join(tparts) or
+                "fewer than two sizes per model", "published": PUBLISHED_TIME})
     fs = a.extra.get("fsdp")
     if fs is not None and not fs.empty:
         parts = []

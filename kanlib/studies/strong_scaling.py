@@ -75,7 +75,7 @@ def table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, ...] | N
             work = {k: at[k].iloc[0] for k in ("widths", "global_batch") if k in at and k not in key}
             rows.append({**key, **work, "world_size": n, "nnodes": nodes, "nproc_per_node": ppn,
                          "placement": groups.placement_of(nodes, ppn), "inter_node": nodes > 1, "n_runs": int(v.size),
-                         metric: med, f"{metric}_lo": lo, f"{metric}_hi": hi,
+                         metric: med, f"{metric}_lo": lo, f"{metric}_hi": hi, f"{metric}_runs": tuple(v.tolist()),
                          "speedup": sp, "speedup_lo": sp_lo, "speedup_hi": sp_hi,
                          "efficiency": sp / n, "efficiency_lo": sp_lo / n, "efficiency_hi": sp_hi / n,
                          "local_batch": gb // n if gb else np.nan, "work_per_process_s": t0 * n0 / n})
@@ -240,8 +240,8 @@ def finding(a: StudyAnalysis) -> list[dict]:
     for p, g in t[t["world_size"] == n].groupby("placement"):
         r = g.sort_values("work_per_process_s").iloc[-1]  # the most work per process at that placement
         grp = groups.group_label({f: r[f] for f in a.table.group_fields()})
-        parts.append(f"{p}: speedup {fmt.ci_text(r['speedup'], r['speedup_lo'], r['speedup_hi'], fmt.x)}, efficiency "
-                     f"{fmt.ci_text(r['efficiency'], r['efficiency_lo'], r['efficiency_hi'], fmt.pct)} ({grp})")
+        parts.append(f"{p}: speedup {fmt.row_ci(r, 'speedup', fmt.x)}, efficiency "
+                     f"{fmt.row_ci(r, 'efficiency', fmt.pct)} ({grp})")
     m = t[t["world_size"] > 1]
     if len(m) > 1:
         rising = {p: g.sort_values("work_per_process_s")["efficiency"].iloc[-1] >

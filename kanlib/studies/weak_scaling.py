@@ -179,7 +179,7 @@ def finding(a: StudyAnalysis) -> list[dict]:
         first = g[g["world_size"] == g["world_size"].min()]
         r = first.sort_values("local_batch").iloc[-1]
         parts.append(f"{p} (N={int(r['world_size'])}, {int(r['local_batch'])} samples/process): E_w "
-                     f"{fmt.ci_text(r['weak_efficiency'], r['weak_efficiency_lo'], r['weak_efficiency_hi'], fmt.pct)}"
+                     f"{fmt.row_ci(r, 'weak_efficiency', fmt.pct)}"
                      f", a drop of {1 - r['weak_efficiency']:.0%}")
     stable = t.dropna(subset=["weak_efficiency_multi"])
     stable = stable[stable["world_size"] > stable.groupby("placement")["world_size"].transform("min")]
