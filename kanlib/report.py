@@ -457,6 +457,7 @@ def stability_html(ctx: Context) -> str:
     note = load.disturbed_note(_disturbed(ctx), ctx.disturbed)
     if note:
         head += f"<p class='note'>{html.escape(note)}</p>"
+    head += f"<p class='note' id='first-run'>{html.escape(first_run_sentence(ctx.first_run_effect()))}</p>"
     if bad.empty:
         return head
     t = pd.DataFrame({"study": bad["study"], "point": bad["point"], "runs": bad["n_runs"],
@@ -465,6 +466,16 @@ def stability_html(ctx: Context) -> str:
                       "why unstable": bad["why"]})
     return (head + f"<details id='unstable'><summary>the {len(bad)} unstable points</summary>"
             + t.to_html(index=False, classes="table", border=0) + "</details>")
+
+
+def first_run_sentence(e: dict) -> str:
+    """What the records say about a worker group's first run against its later ones (runs_before_in_launch)."""
+    if not e["n"]:
+        return ("First run of a launch: no point has both a launch's first run and later runs of a launch, so "
+                "whether the first run of a worker group differs is not checked here.")
+    return (f"First run of a launch against the later runs of its point: step time {e['median']:.2f}x their median "
+            f"(range {e['min']:.2f}-{e['max']:.2f}x, {e['n']} first runs); a ratio near 1 says reusing processes "
+            f"does not bias the step.")
 
 
 def front_page_html(all_a: dict[str, StudyAnalysis], guidelines, out_dir: str, ctx: Context) -> str:

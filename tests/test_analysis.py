@@ -163,3 +163,22 @@ def test_disturbed_runs_are_left_out_by_default_named_and_kept_apart_on_request(
         load.read(str(tmp_path)).select(disturbed="drop")
     from kanlib import report
     assert "2 disturbed run(s) left out" in report.analyze(str(tmp_path), "strong_scaling").message
+
+
+def test_first_run_of_a_launch_against_its_later_runs():
+    """Records say which launch ran them; the analysis compares a worker group's first run with the later runs of
+    the same point (the report says the ratio), and says when no point allows it."""
+    from kanlib.analysis import context as context_mod
+
+    recs = strong_records({"1x1": 0.100, "1x2": 0.060}, repeats=5, batch=512)
+    for r in recs:
+        r["runs_before_in_launch"] = r["repeat"]  # repeat 0 ran first in its group
+        if r["repeat"] == 0:
+            r["step_time_s"] *= 1.5  # a slow first run
+    e = context_mod.first_run_effect(pd.DataFrame(recs))
+    assert e["n"] == 2 and 1.45 < e["min"] <= e["max"] < 1.5
+    for r in recs:
+        r["runs_before_in_launch"] = 0  # every run in a launch of its own: nothing to compare
+    assert context_mod.first_run_effect(pd.DataFrame(recs))["n"] == 0
+    from kanlib import report
+    assert "not checked" in report.first_run_sentence(context_mod.first_run_effect(pd.DataFrame(recs)))
