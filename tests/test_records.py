@@ -141,3 +141,18 @@ def test_a_bench_record_from_its_dataclass_passes_its_check():
     assert records.check_bench_record(rec) is None and records.check_record(rec) is None
     rec["rows"][0]["time_s"] = -1.0
     assert records.check_record(rec) == "rows[0].time_s is -1.0, outside its range (> 0, finite)"
+
+
+def test_waits_behind_a_runs_own_threads_are_not_interference():
+    """A timed hook with many small buckets makes the training thread wait behind its own process's threads
+    (13-18% of the window on a quiet machine) while other processes take almost nothing: not disturbed. The same
+    wait with other processes busy on its CPUs is; and where the per-CPU counters are too coarse (a short window)
+    or unknown, the wait alone decides."""
+    base = {"world_size": 2, "threads": 1, "interference_window_s": 1.7}
+    assert records.disturbance({**base, "foreign_cpu_frac": 0.02, "runqueue_wait_frac": 0.17}) == ""
+    assert "waited" in records.disturbance({**base, "foreign_cpu_frac": 0.08, "runqueue_wait_frac": 0.17})
+    assert "other processes took 30%" in records.disturbance({**base, "foreign_cpu_frac": 0.3,
+                                                              "runqueue_wait_frac": 0.3})
+    assert "waited" in records.disturbance({**base, "foreign_cpu_frac": None, "runqueue_wait_frac": 0.17})
+    short = {**base, "interference_window_s": 0.1}
+    assert "waited" in records.disturbance({**short, "foreign_cpu_frac": 0.0, "runqueue_wait_frac": 0.17})
