@@ -109,6 +109,40 @@ def runtime_sources(package_dir: str) -> list[str]:
 _code_version = code_version  # run_key's parameter shadows the name
 
 
+@functools.lru_cache(maxsize=1)
+def torch_version() -> str:
+    """The installed torch's version as its package metadata says (``2.13.0+cpu``; what ``torch.__version__``
+    reports), read without importing torch, so a runner and its workers agree; ``none`` without torch."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def data_fingerprint(path: str) -> str:
+    """SHA-256 of the content of the data file ``path`` (16 hex digits; hashed again only when its size or
+    modification time changed); empty when the file cannot be read (the task check names the problem)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    return _file_sha256(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return ""
+    return h.hexdigest()[:16]
+
+
 # Modules and packages of kanlib that only read records (no effect on what a run measures); see code_version().
 ANALYSIS_MODULES = ("analysis", "studies", "report", "guidelines")
 
@@ -173,8 +207,18 @@ class Config:
         d.pop("out_dir", None)
         d["code_version"] = code_version or _code_version()
         d["kind"] = type(self).__name__
+        d.update(self.key_inputs())
         digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
         return f"{self.key_prefix()}-{digest}"
+
+    def key_inputs(self) -> dict:
+        """What a run's result depends on besides the config and the code, hashed into :meth:`run_key`: the torch
+        version (:func:`torch_version`), and for ``task=file`` the data file's content (:func:`data_fingerprint`),
+        so a torch upgrade or rewritten data reruns instead of reusing old records."""
+        out = {"torch_version": torch_version()}
+        if getattr(self, "task", "") == "file" and getattr(self, "data_path", ""):
+            out["data_sha256"] = data_fingerprint(self.data_path)
+        return out
 
     def run_dir(self) -> str:
         """Folder of this run's files: ``out_dir/<study>/<run_key>``."""
@@ -208,6 +252,18 @@ class Config:
                 raise ConfigError(f"{key}: unknown config field (known: {known})")
             kwargs[key] = parse_text(key, raw, hints[key])
         return cls(**kwargs)
+
+    @classmethod
+    def usage(cls, prog: str) -> str:
+        """The ``--help`` text: every field with its type, default and docstring."""
+        docs = cls.field_docs()
+        lines = [f"usage: {prog} --key=value ...", "", (cls.__doc__ or "").strip(), "", "fields:"]
+        for f in fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+            lines.append(f"  --{f.name}={shown}")
+            lines += [f"      {line.strip()}" for line in docs.get(f.name, "").splitlines()]
+        return "\n".join(lines)
 
     @classmethod
     def field_docs(cls) -> dict[str, str]:
@@ -510,7 +566,13 @@ def parse_text(name: str, raw: str, hint):
     try:
         if origin is tuple:
             elem = typing.get_args(hint)[0]
-            return tuple(elem(x) for x in raw.split(",") if x.strip() != "")
+            if raw.strip() == "":
+                return ()
+            parts = raw.split(",")
+            if any(x.strip() == "" for x in parts):
+                raise ConfigError(f"{name}: an empty entry in {raw!r} (two commas, or one at an end); write the "
+                                  f"numbers separated by single commas")
+            return tuple(elem(x) for x in parts)
         if hint is bool:
             low = raw.lower()
             if low in ("1", "true", "yes"):
@@ -582,4 +644,4 @@ def field_docs(cls=RunConfig) -> dict[str, str]:
 
 
 __all__ = ["Config", "RunConfig", "ConfigError", "parse_placement", "field_docs", "code_version", "GROUP_FIELDS",
-           "group_key"]
+           "group_key", "torch_version", "data_fingerprint"]

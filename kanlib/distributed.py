@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from kanlib.errors import ConfigError
+
 
 @dataclass
 class DistInfo:
@@ -147,6 +149,12 @@ def setup(cfg) -> DistInfo:
 
     Pins the process to CPUs of its own first (:func:`pin_cpus`), so gloo's and OpenMP's threads, started
     later, inherit it."""
+    if "RANK" not in os.environ and cfg.world_size != 1:
+        # one process would train and file its result as an N-process run (issue 23)
+        raise ConfigError(
+            f"nproc_per_node: nnodes x nproc_per_node = {cfg.nnodes} x {cfg.nproc_per_node} processes, but "
+            f"this is one process without a launcher (RANK is unset); start it with torchrun or "
+            f"runners.launch.run, or set nnodes=1 nproc_per_node=1")
     device = resolve_device(cfg.device)
     pin_cpus(cfg, device)
     torch.set_num_threads(cfg.threads)

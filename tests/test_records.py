@@ -42,9 +42,13 @@ def test_step_columns_come_from_the_row_and_round_trip(tmp_path):
     ({"step_time_s": "fast"}, "step_time_s is 'fast', not a number"),
     ({"schema_version": 99}, "schema_version 99"),
     ({"comm_total_s": -0.1}, "comm_total_s is -0.1"),
+    ({"time_to_target_s": -1.5}, "time_to_target_s is -1.5"),
+    ({"final_val_loss": float("nan")}, "final_val_loss is nan, not a finite number"),
+    ({"nnodes": 1, "nproc_per_node": 4}, "world_size is 2, but the placement nnodes x nproc_per_node is 1x4"),
 ])
 def test_bad_records_are_refused_with_a_reason(tmp_path, change, reason):
-    good = {"schema_version": 2, "step_time_s": 0.01, "world_size": 2, "global_batch": 64, "status": "ok"}
+    good = {"schema_version": 2, "step_time_s": 0.01, "world_size": 2, "global_batch": 64, "status": "ok",
+            "nnodes": 2, "nproc_per_node": 1, "final_val_loss": 0.5, "time_to_target_s": 1.0}
     assert records.check_record(good) is None
     path = tmp_path / "record.json"
     import json
