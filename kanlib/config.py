@@ -271,6 +271,10 @@ class Config:
         return field_docs(cls)
 
 
+MAX_SEED = 2**32 - 1
+MAX_PG_TIMEOUT_S = 365 * 86400.0
+
+
 @dataclass
 class RunConfig(Config):
     """One run of data-parallel KAN training. Field docstrings follow each field."""
@@ -425,6 +429,13 @@ class RunConfig(Config):
         check_at_least(self, 0, "warmup_steps", "repeat", "seed", "grid_update_every", "checkpoint_every",
                        "lr_base_batch", "lr_warmup_steps", "eval_every", "grid_update_until")
         check_positive(self, "lr", "bucket_cap_mb", "pg_timeout_s")
+        # torch seeds with 64-bit integers (the data's per-epoch seed is seed * 1_000_003 + epoch), and the process
+        # group's timeout is a count of milliseconds: bounded here rather than overflowing in the run (issue 23)
+        if self.seed > MAX_SEED:
+            raise ConfigError(f"seed: must be at most 2**32 - 1 = {MAX_SEED}, got {self.seed!r}")
+        if self.pg_timeout_s > MAX_PG_TIMEOUT_S:
+            raise ConfigError(f"pg_timeout_s: must be at most {MAX_PG_TIMEOUT_S:g} s (one year), got "
+                              f"{self.pg_timeout_s!r}")
         check_non_negative(self, "emulate_latency_s", "emulate_bandwidth_bytes_per_s", "target_val_loss")
         if self.warmup_steps >= self.steps:
             raise ConfigError(f"warmup_steps: must be smaller than steps={self.steps}, got {self.warmup_steps}")
@@ -585,6 +596,8 @@ def parse_text(name: str, raw: str, hint):
         if hint is float:
             return float(raw)
         return raw
+    except ConfigError:
+        raise
     except ValueError:
         raise ConfigError(f"{name}: cannot read {raw!r} as {getattr(hint, '__name__', hint)}") from None
 

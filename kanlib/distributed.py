@@ -89,6 +89,9 @@ def _nccl_version() -> tuple[int, ...]:
 
 
 _CPU_CLAIMS: list = []  # open lock files of the CPUs this process holds (released when it exits)
+CPUS_SHARED = False
+"""Whether this process asked for CPUs of its own (:func:`pin_cpus`) and found none free: it shares cores with
+another kanlib process (a second study on this host), which its record says (``cpus_shared``)."""
 
 
 def cpu_slot_dir() -> str:
@@ -141,6 +144,11 @@ def pin_cpus(cfg, device: str) -> list[int]:
             _CPU_CLAIMS.extend(held)
             os.sched_setaffinity(0, block)
             return block
+    global CPUS_SHARED
+    CPUS_SHARED = True
+    print(f"kanlib: rank {os.environ.get('RANK')}: no {n} free CPU(s) among {len(allowed)} (other kanlib processes on "
+          f"this host hold them, {where}); running where the OS puts it, sharing cores: its timings are "
+          f"disturbed, and its record says cpus_shared", file=sys.stderr, flush=True)
     return []
 
 

@@ -356,6 +356,9 @@ class RunRecord:
         "share of the CPU time of the CPUs the ranks ran on that other processes took during the measured steps "
         "(`/proc/stat` busy time minus the ranks' own; the largest over hosts and sets of CPUs; 0 quiet, 1 another "
         "process had them whole; null where unreadable; docs/measurement.md)"))
+    cpus_shared: bool | None = field(default=None, metadata=_doc(
+        "whether a rank that was to get CPUs of its own (`cpu_affinity=auto` on CPU) found none free, other kanlib "
+        "processes (another study on this host) holding them, and shared cores: a disturbed run"))
     steal_frac: float | None = field(default=None, metadata=_doc(
         "share of that CPU time the hypervisor gave to other guests (steal), the same way"))
     runqueue_wait_frac: float | None = field(default=None, metadata=_doc(
@@ -409,6 +412,8 @@ def disturbance(rec: dict) -> str:
         why.append(f"other processes took {foreign:.0%} of its CPUs")
     if _finite(wait) and wait > DISTURBED_RUNQUEUE_WAIT_FRAC:
         why.append(f"a training thread waited for a CPU {wait:.0%} of the time")
+    if rec.get("cpus_shared"):
+        why.append("a rank found no CPUs of its own free (another kanlib run held them) and shared cores")
     if rec.get("gpu_other_processes"):
         why.append(f"{rec['gpu_other_processes']} other process(es) on its GPU")
     if rec.get("gpu_throttle_reasons"):

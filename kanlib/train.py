@@ -477,7 +477,9 @@ def finish(run: Run) -> RunRecord | None:
     mine = run.probe.stop() if run.probe.started else {}
     if run.writer is not None:
         run.writer.close()
-    interference = combine_interference(distributed.all_gather_objects(mine, info))
+    gathered = distributed.all_gather_objects((mine, distributed.CPUS_SHARED), info)
+    interference = combine_interference([m for m, _ in gathered])
+    interference["cpus_shared"] = any(shared for _, shared in gathered)
     combined = _combine_steps(run)  # {field: (steps,)}, each combined over ranks by its rule
     if cfg.comm_hook != "noop" and cfg.parallelism == "ddp":  # without the network replicas drift apart
         _check_replicas_agree(run.model, info)

@@ -61,10 +61,25 @@ def check_environment(cfg: Config, launcher: str = "local") -> None:
             raise ConfigError(f"nproc_per_node: {what} on CPU but only {available_cpus()} CPU cores are "
                               f"available to this process (the processes would share cores and the timings "
                               f"would mean nothing)")
+        threads = getattr(cfg, "threads", 1)
+        if here * threads > available_cpus():
+            raise ConfigError(f"threads: {what} x threads={threads} = {here * threads} threads on CPU but only "
+                              f"{available_cpus()} CPU cores are available to this process (a process would run "
+                              f"unpinned on cores another one uses, and the timings would mean nothing)")
         for name in ("nccl_algo", "nccl_proto"):
             if getattr(cfg, name, ""):
                 raise ConfigError(f"{name}: {getattr(cfg, name)!r} is an NCCL setting, but this run uses gloo "
                                   f"on CPU (no GPU here), which would ignore it")
+
+
+def check_timeout(timeout_s) -> None:
+    """Refuse a run deadline that is not a positive, finite number of seconds (None: no deadline); 0 or -1 gave
+    an instant timeout row for every run (issue 23)."""
+    if timeout_s is None:
+        return
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
+        raise ConfigError(f"timeout_s: a run's deadline must be a positive number of seconds (or None for no "
+                          f"deadline), got {timeout_s!r}")
 
 
 def torchrun_command(cfg: Config, *, python: str = sys.executable, standalone: bool = True,
