@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from conftest import fill_disk
 from kanlib import records
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "schema.md")
@@ -65,33 +66,6 @@ def test_atomic_write_leaves_no_temporary_on_failure(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.fixture
-def full_disk(tmp_path):
-    """A real 256 KiB filesystem (tmpfs, mounted as root) that the test can fill."""
-    import subprocess
-
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode != 0:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("cannot mount a small tmpfs (needs root)")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
-
-
-def _fill(folder) -> None:
-    fd = os.open(os.path.join(folder, "filler"), os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:  # ENOSPC: the disk is full
-        pass
-    finally:
-        os.close(fd)
-
-
 def test_a_full_disk_loses_nothing_already_written(full_disk):
     """Record, manifest and checkpoint writes on a full disk raise, leave no temporary file behind, and
     keep what was written before (issue: a full disk left an empty manifest and a checkpoint .tmp)."""
@@ -107,7 +81,7 @@ def test_a_full_disk_loses_nothing_already_written(full_disk):
     records.atomic_write_json(record, {"step_time_s": 0.5})
     records.append_manifest(manifest, {"run_key": "a", "status": "ok"})
     checkpoint.save(str(run_dir), {"model": {"w": torch.zeros(4)}, "optimizer": {}, "rng": []}, 5)
-    _fill(full_disk)
+    fill_disk(full_disk)
     with pytest.raises(OSError):
         records.atomic_write_json(record, {"step_time_s": 0.7, "pad": "x" * 100_000})
     with pytest.raises(OSError):
