@@ -390,6 +390,16 @@ def test_help_prints_usage_and_bad_widths_are_refused(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def test_digits_runs_with_the_default_n_val(tmp_path):
+    """Issue 23: ``python -m kanlib.train --task=digits`` refused its own default n_val (2048 of 1797 rows)."""
+    out = _train_cli(["--task=digits", "--widths=64,8,10", "--steps=3", "--warmup_steps=1", "--optimizer=adam",
+                      "--lr=0.01", "--kan_impl=fast", f"--out_dir={tmp_path}"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    [path] = load.find_record_files(str(tmp_path))
+    rec = records.read_record(path)
+    assert rec["n_val"] == 1797 // 5 and rec["task"] == "digits"
+
+
 def test_grad_accum_steps_in_one_process_without_torchrun(tmp_path):
     """Issue 23: ``grad_accum_steps=2`` without torchrun failed at run time; one process accumulates without DDP."""
     cfg = tiny(tmp_path, nproc_per_node=1, steps=6, grad_accum_steps=2)
