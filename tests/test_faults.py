@@ -228,6 +228,9 @@ def test_invalid_config_names_the_field(tmp_path, changes, field):
     ({"device": "cuda"}, "device"),
     ({"nproc_per_node": 64, "global_batch": 64}, "nproc_per_node"),
     ({"nproc_per_node": 1, "threads": 64}, "threads"),  # issue 23: processes x threads, not processes, count
+    # issue 23: tens of GB failed in torch's allocator with a byte count and no field named
+    ({"widths": (2, 200_000, 200_000, 1)}, "widths"),
+    ({"widths": (2, 4096, 1), "global_batch": 2**22, "n_train": 2**22}, "global_batch"),
 ])
 def test_machine_cannot_run_config_refused_before_launch(tmp_path, changes, field, monkeypatch):
     if torch.cuda.is_available() and field != "nproc_per_node":
