@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import random
 import re
 
@@ -198,11 +199,25 @@ def load_file(path: str) -> dict:
 
 
 def load_latest(run_dir: str) -> dict | None:
-    """The last committed checkpoint of the run (with ``'path'`` added), or None when there is none."""
+    """The last committed checkpoint of the run (with ``'path'`` added), or None when there is none.
+
+    When that file is unreadable (truncated or corrupt: a disk error after the commit), the older kept
+    checkpoints are tried, newest first, saying which was skipped; a refused (not weights-only) file is never
+    skipped, and when none can be read the newest one's error is raised."""
     name = latest_name(run_dir)
     if name is None:
         return None
-    path = os.path.join(checkpoint_dir(run_dir), name)
-    ck = load_file(path)
-    ck["path"] = path
-    return ck
+    first_error = None
+    for n in reversed(committed_names(run_dir) or [name]):
+        path = os.path.join(checkpoint_dir(run_dir), n)
+        try:
+            ck = load_file(path)
+        except CheckpointError as e:
+            if "refused" in str(e):
+                raise
+            first_error = first_error or e
+            print(f"kanlib: {e}; trying the older kept checkpoint", file=sys.stderr, flush=True)
+            continue
+        ck["path"] = path
+        return ck
+    raise first_error

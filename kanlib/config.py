@@ -109,6 +109,40 @@ def runtime_sources(package_dir: str) -> list[str]:
 _code_version = code_version  # run_key's parameter shadows the name
 
 
+@functools.lru_cache(maxsize=1)
+def torch_version() -> str:
+    """The installed torch's version as its package metadata says (``2.13.0+cpu``; what ``torch.__version__``
+    reports), read without importing torch, so a runner and its workers agree; ``none`` without torch."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def data_fingerprint(path: str) -> str:
+    """SHA-256 of the content of the data file ``path`` (16 hex digits; hashed again only when its size or
+    modification time changed); empty when the file cannot be read (the task check names the problem)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    return _file_sha256(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return ""
+    return h.hexdigest()[:16]
+
+
 # Modules and packages of kanlib that only read records (no effect on what a run measures); see code_version().
 ANALYSIS_MODULES = ("analysis", "studies", "report", "guidelines")
 
@@ -173,8 +207,18 @@ class Config:
         d.pop("out_dir", None)
         d["code_version"] = code_version or _code_version()
         d["kind"] = type(self).__name__
+        d.update(self.key_inputs())
         digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
         return f"{self.key_prefix()}-{digest}"
+
+    def key_inputs(self) -> dict:
+        """What a run's result depends on besides the config and the code, hashed into :meth:`run_key`: the torch
+        version (:func:`torch_version`), and for ``task=file`` the data file's content (:func:`data_fingerprint`),
+        so a torch upgrade or rewritten data reruns instead of reusing old records."""
+        out = {"torch_version": torch_version()}
+        if getattr(self, "task", "") == "file" and getattr(self, "data_path", ""):
+            out["data_sha256"] = data_fingerprint(self.data_path)
+        return out
 
     def run_dir(self) -> str:
         """Folder of this run's files: ``out_dir/<study>/<run_key>``."""
@@ -210,9 +254,25 @@ class Config:
         return cls(**kwargs)
 
     @classmethod
+    def usage(cls, prog: str) -> str:
+        """The ``--help`` text: every field with its type, default and docstring."""
+        docs = cls.field_docs()
+        lines = [f"usage: {prog} --key=value ...", "", (cls.__doc__ or "").strip(), "", "fields:"]
+        for f in fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+            lines.append(f"  --{f.name}={shown}")
+            lines += [f"      {line.strip()}" for line in docs.get(f.name, "").splitlines()]
+        return "\n".join(lines)
+
+    @classmethod
     def field_docs(cls) -> dict[str, str]:
         """Field name -> its docstring, read from the class source (for docs and notebooks)."""
         return field_docs(cls)
+
+
+MAX_SEED = 2**32 - 1
+MAX_PG_TIMEOUT_S = 365 * 86400.0
 
 
 @dataclass
@@ -247,8 +307,10 @@ class RunConfig(Config):
     """task=file, CSV: the target column (default: the last column); every other column is a feature."""
     n_train: int = 1024
     """Training samples: generated from ``seed`` (synthetic tasks), or at most this many rows (data sets)."""
-    n_val: int = 2048
-    """Held-out validation samples (bundled data sets and files: rows of the set; must leave training rows)."""
+    n_val: int = 0
+    """Held-out validation samples (bundled data sets and files: rows of the set; must leave training rows). 0 (the
+    default): 2048, or for a bundled set a fifth of its rows if that is fewer (digits: 359, diabetes: 88); the
+    config holds the number chosen."""
     global_batch: int = 1024
     """Samples per optimizer step summed over all processes; split evenly across ranks. The default is the whole
     default training set: L-BFGS takes full-batch steps (pykan's recipe)."""
@@ -359,6 +421,8 @@ class RunConfig(Config):
     """Root output folder; the run writes to ``out_dir/<study>/<run_key>/``."""
 
     def validate(self) -> None:
+        if self.n_val == 0:
+            self.n_val = default_n_val(self.task)
         if len(self.widths) < 2:
             raise ConfigError(f"widths: need at least 2 entries (input, output), got {list(self.widths)}")
         if any(w <= 0 for w in self.widths):
@@ -369,6 +433,13 @@ class RunConfig(Config):
         check_at_least(self, 0, "warmup_steps", "repeat", "seed", "grid_update_every", "checkpoint_every",
                        "lr_base_batch", "lr_warmup_steps", "eval_every", "grid_update_until")
         check_positive(self, "lr", "bucket_cap_mb", "pg_timeout_s")
+        # torch seeds with 64-bit integers (the data's per-epoch seed is seed * 1_000_003 + epoch), and the process
+        # group's timeout is a count of milliseconds: bounded here rather than overflowing in the run (issue 23)
+        if self.seed > MAX_SEED:
+            raise ConfigError(f"seed: must be at most 2**32 - 1 = {MAX_SEED}, got {self.seed!r}")
+        if self.pg_timeout_s > MAX_PG_TIMEOUT_S:
+            raise ConfigError(f"pg_timeout_s: must be at most {MAX_PG_TIMEOUT_S:g} s (one year), got "
+                              f"{self.pg_timeout_s!r}")
         check_non_negative(self, "emulate_latency_s", "emulate_bandwidth_bytes_per_s", "target_val_loss")
         if self.warmup_steps >= self.steps:
             raise ConfigError(f"warmup_steps: must be smaller than steps={self.steps}, got {self.warmup_steps}")
@@ -452,6 +523,14 @@ class RunConfig(Config):
         return f"{self.model}-w{self.placement}-b{self.global_batch}-r{self.repeat}"
 
 
+def default_n_val(task: str) -> int:
+    """The validation rows ``n_val=0`` stands for: 2048, or a fifth of a bundled set's rows if fewer (so every
+    bundled task runs with its defaults)."""
+    from kanlib.data import BUNDLED  # imports torch: late, as check_task
+
+    return min(2048, BUNDLED[task].rows // 5) if task in BUNDLED else 2048
+
+
 # -- the generic rule ------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def _hints(cls) -> dict:
@@ -510,7 +589,13 @@ def parse_text(name: str, raw: str, hint):
     try:
         if origin is tuple:
             elem = typing.get_args(hint)[0]
-            return tuple(elem(x) for x in raw.split(",") if x.strip() != "")
+            if raw.strip() == "":
+                return ()
+            parts = raw.split(",")
+            if any(x.strip() == "" for x in parts):
+                raise ConfigError(f"{name}: an empty entry in {raw!r} (two commas, or one at an end); write the "
+                                  f"numbers separated by single commas")
+            return tuple(elem(x) for x in parts)
         if hint is bool:
             low = raw.lower()
             if low in ("1", "true", "yes"):
@@ -523,6 +608,8 @@ def parse_text(name: str, raw: str, hint):
         if hint is float:
             return float(raw)
         return raw
+    except ConfigError:
+        raise
     except ValueError:
         raise ConfigError(f"{name}: cannot read {raw!r} as {getattr(hint, '__name__', hint)}") from None
 
@@ -582,4 +669,4 @@ def field_docs(cls=RunConfig) -> dict[str, str]:
 
 
 __all__ = ["Config", "RunConfig", "ConfigError", "parse_placement", "field_docs", "code_version", "GROUP_FIELDS",
-           "group_key"]
+           "group_key", "torch_version", "data_fingerprint"]

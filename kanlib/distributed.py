@@ -14,10 +14,13 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from kanlib.errors import ConfigError
 
 
 @dataclass
@@ -87,6 +90,9 @@ def _nccl_version() -> tuple[int, ...]:
 
 
 _CPU_CLAIMS: list = []  # open lock files of the CPUs this process holds (released when it exits)
+CPUS_SHARED = False
+"""Whether this process asked for CPUs of its own (:func:`pin_cpus`) and found none free: it shares cores with
+another kanlib process (a second study on this host), which its record says (``cpus_shared``)."""
 
 
 def cpu_slot_dir() -> str:
@@ -140,6 +146,11 @@ def pin_cpus(cfg, device: str) -> list[int]:
             _CPU_CLAIMS.extend(held)
             os.sched_setaffinity(0, block)
             return block
+    global CPUS_SHARED
+    CPUS_SHARED = True
+    print(f"kanlib: rank {os.environ.get('RANK')}: no {n} free CPU(s) among {len(allowed)} (other kanlib processes on "
+          f"this host hold them, {where}); running where the OS puts it, sharing cores: its timings are "
+          f"disturbed, and its record says cpus_shared", file=sys.stderr, flush=True)
     return []
 
 
@@ -152,13 +163,31 @@ def unpin_cpus() -> None:
     _set_affinity_of_threads(_ALLOWED_CPUS or sorted(os.sched_getaffinity(0)))
 
 
-def repin_cpus(cfg, device: str) -> list[int]:
+def repin_cpus(cfg, device: str, wait_s: float = 2.0) -> list[int]:
     """Claim CPUs again after :func:`unpin_cpus` (as :func:`pin_cpus`) and move every thread of this process
-    there, the threads gloo and OpenMP started earlier included."""
+    there, the threads gloo and OpenMP started earlier included. The group that ran just before may still be
+    giving its CPUs back: a free block is waited for up to ``wait_s`` before the process shares cores."""
+    global CPUS_SHARED
+    CPUS_SHARED = False
+    if cfg.cpu_affinity == "auto" and device == "cpu" and hasattr(os, "sched_setaffinity"):
+        allowed, n = _ALLOWED_CPUS or sorted(os.sched_getaffinity(0)), cfg.threads
+        until = time.monotonic() + wait_s
+        while not _CPU_CLAIMS and time.monotonic() < until:
+            if any(_free(allowed[i:i + n]) for i in range(0, len(allowed) - n + 1, n)):
+                break
+            time.sleep(0.02)
     block = pin_cpus(cfg, device)
     if block:
         _set_affinity_of_threads(block)
     return block
+
+
+def _free(cpus: list[int]) -> bool:
+    """Whether no kanlib process holds any of ``cpus`` now (a look, not a claim)."""
+    held = _claim(cpus, cpu_slot_dir())
+    for fd in held:
+        os.close(fd)
+    return bool(held)
 
 
 _ALLOWED_CPUS: list[int] = []  # the CPUs this process could use before it pinned itself
@@ -181,6 +210,12 @@ def setup(cfg) -> DistInfo:
 
     Pins the process to CPUs of its own first (:func:`pin_cpus`), so gloo's and OpenMP's threads, started
     later, inherit it."""
+    if "RANK" not in os.environ and cfg.world_size != 1:
+        # one process would train and file its result as an N-process run (issue 23)
+        raise ConfigError(
+            f"nproc_per_node: nnodes x nproc_per_node = {cfg.nnodes} x {cfg.nproc_per_node} processes, but "
+            f"this is one process without a launcher (RANK is unset); start it with torchrun or "
+            f"runners.launch.run, or set nnodes=1 nproc_per_node=1")
     device = resolve_device(cfg.device)
     pin_cpus(cfg, device)
     torch.set_num_threads(cfg.threads)

@@ -26,7 +26,9 @@ measured number where there is one.
 from __future__ import annotations
 
 import html
+import os
 import re
+import sys
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -256,11 +258,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-efficiency", type=float, default=0.8)
     ap.add_argument("--summary", action="store_true", help="one screen: decisions, intervals, what they rest on")
     args = ap.parse_args(argv)
-    first = from_out_dir(args.out_dir, target_efficiency=args.target_efficiency)
+    if not 0 < args.target_efficiency <= 1:
+        ap.error(f"--target-efficiency: a parallel efficiency in (0, 1], e.g. 0.8; got {args.target_efficiency!r}")
+    found = []
+    for folder in [args.out_dir] + ([args.other] if args.other is not None else []):
+        if not os.path.isdir(folder):
+            ap.error(f"{folder}: no such folder")
+        g = from_out_dir(folder, target_efficiency=args.target_efficiency)
+        if g.table.empty:  # no records, only failed runs, or no study's records: nothing to answer or compare
+            print(f"kanlib.guidelines: {folder}: no guidelines: {' '.join(g.sentences)}", file=sys.stderr)
+            return 2
+        found.append(g)
+    first = found[0]
     if args.other is None:
         print(summary(first) if args.summary else first)
         return 0
-    table = compare(first, from_out_dir(args.other, target_efficiency=args.target_efficiency))
+    table = compare(first, found[1])
     with pd.option_context("display.max_rows", None, "display.max_colwidth", 60, "display.width", 200):
         print(table[["question", "group", "answer_a", "answer_b", "same"]].to_string(index=False))
     differ = int((~table["same"]).sum())

@@ -14,6 +14,7 @@ The fast B-spline kernels live in :mod:`kanlib.fast_kan`; :func:`kernel_paths` s
 from __future__ import annotations
 
 import math
+import warnings
 from typing import get_args
 
 import torch
@@ -150,6 +151,12 @@ class KANLinear(_Layer):
         """
         self._uniform = fast_kan.uniform_grid(self.grid, self.spline_order)
         self._grid_seen = (self.grid.data_ptr(), self.grid._version)
+        if (self._uniform is None and self.impl != "reference" and self.grid.dtype == torch.float64
+                and fast_kan.uniform_grid(self.grid.float(), self.spline_order) is not None):
+            warnings.warn(f"KANLinear({self.in_features}, {self.out_features}, impl={self.impl!r}): its float64 grid "
+                          f"is uniform only to float32's rounding (float32 knots loaded into a float64 layer), so the "
+                          f"reference path runs; build the layer in float64, or move it with .double() before "
+                          f"loading", stacklevel=3)
 
     def _check_grid(self) -> None:
         if self._grid_seen != (self.grid.data_ptr(), self.grid._version):
@@ -157,7 +164,20 @@ class KANLinear(_Layer):
 
     def _apply(self, fn, recurse=True):
         # .to(dtype/device) moves the grid: recompute the constants from it, in its new dtype.
+        self._check_grid()
+        was_uniform, old_dtype = self._uniform is not None, self.grid.dtype
         out = super()._apply(fn, recurse)
+        new_dtype = self.grid.dtype
+        if (was_uniform and new_dtype != old_dtype and new_dtype.is_floating_point
+                and torch.finfo(new_dtype).eps < torch.finfo(old_dtype).eps):
+            # A uniform float32 grid cast to float64 is uniform only to float32's rounding, which the float64 check
+            # refuses, and the layer fell silently to the reference path (issue 23): lay its knots out again,
+            # uniform at the new precision between the same end knots, so the fast path keeps running.
+            with torch.no_grad():
+                g = self.grid
+                n = g.shape[1] - 1
+                steps = torch.arange(n + 1, dtype=new_dtype, device=g.device)
+                g.copy_(g[:, :1] + steps * (g[:, -1:] - g[:, :1]) / n)
         self.refresh_grid()
         return out
 

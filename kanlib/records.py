@@ -16,11 +16,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime
+import fcntl
 import json
 import math
 import os
 import socket
 import subprocess
+import sys
+import time
 import uuid
 from dataclasses import dataclass, field, fields
 
@@ -261,6 +264,8 @@ class RunRecord:
     record_kind: str = field(default="train", metadata=_doc("`train` (kanlib.collbench writes `collbench` records)"))
     run_id: str = field(default="", metadata=_doc("unique id of this attempt (UTC time + random suffix)"))
     run_key: str = field(default="", metadata=_doc("stable key of the config and code version; the folder name"))
+    data_sha256: str | None = field(default=None, metadata=_doc(
+        "task=file: SHA-256 of the data file's content (16 hex digits; part of the run key), null otherwise"))
     status: str = field(default="ok", metadata=_doc("`ok`"))
     config_backend: str = field(default="", metadata=_doc("backend asked for (`auto`, `gloo`, `nccl`)"))
     config_device: str = field(default="", metadata=_doc("device asked for (`auto`, `cpu`, `cuda`)"))
@@ -352,6 +357,9 @@ class RunRecord:
         "share of the CPU time of the CPUs the ranks ran on that other processes took during the measured steps "
         "(`/proc/stat` busy time minus the ranks' own; the largest over hosts and sets of CPUs; 0 quiet, 1 another "
         "process had them whole; null where unreadable; docs/measurement.md)"))
+    cpus_shared: bool | None = field(default=None, metadata=_doc(
+        "whether a rank that was to get CPUs of its own (`cpu_affinity=auto` on CPU) found none free, other kanlib "
+        "processes (another study on this host) holding them, and shared cores: a disturbed run"))
     steal_frac: float | None = field(default=None, metadata=_doc(
         "share of that CPU time the hypervisor gave to other guests (steal), the same way"))
     runqueue_wait_frac: float | None = field(default=None, metadata=_doc(
@@ -412,6 +420,8 @@ def disturbance(rec: dict) -> str:
     if _finite(explained) and explained > DISTURBED_RUNQUEUE_WAIT_FRAC:
         why.append(f"a training thread waited for a CPU {wait:.0%} of the time"
                    + (f" while other processes took {foreign:.0%} of its CPUs" if _finite(foreign) else ""))
+    if rec.get("cpus_shared"):
+        why.append("a rank found no CPUs of its own free (another kanlib run held them) and shared cores")
     if rec.get("gpu_other_processes"):
         why.append(f"{rec['gpu_other_processes']} other process(es) on its GPU")
     if rec.get("gpu_throttle_reasons"):
@@ -505,6 +515,8 @@ class BenchRecord:
     config: dict
     rows: list = field(default_factory=list, metadata=_doc("one `BenchRow` per message size, smallest first"))
     record_kind: str = field(default=BENCH_KIND, metadata=_doc(f"`{BENCH_KIND}`"))
+    data_sha256: str | None = field(default=None, metadata=_doc(
+        "task=file: SHA-256 of the data file's content (16 hex digits; part of the run key), null otherwise"))
     status: str = field(default="ok", metadata=_doc("`ok`"))
     run_key: str = field(default="", metadata=_doc("stable key of the config and code version; the folder name"))
     run_id: str = field(default="", metadata=_doc("unique id of this attempt (UTC time + random suffix)"))
@@ -782,12 +794,80 @@ def _json_default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+# -- the run-folder lock ---------------------------------------------------------------------------
+class RunLock:
+    """``<run_dir>/.lock``: held (``flock``) by the one process that runs the folder's run now.
+
+    The kernel drops the lock when the holding process dies, however it dies. The file says who holds it
+    (pid, host, since) for the message another runner prints while it waits.
+    """
+
+    NAME = ".lock"
+
+    def __init__(self, run_dir: str):
+        self.path = os.path.join(run_dir, self.NAME)
+        self._fd = None
+
+    def holder(self) -> str:
+        try:
+            with open(self.path) as f:
+                info = json.load(f)
+            return f"pid {info['pid']} on {info['host']} since {info['since']}"
+        except (OSError, ValueError, KeyError):
+            return "another process"
+
+    def acquire(self, wait: bool = True, echo=None, poll_s: float = 0.5) -> bool:
+        """Take the lock; while another process holds it, wait (saying once who holds it, on ``echo`` or else
+        stderr, so a sweep that streams nothing still says why it waits) or return False.
+
+        A failure after the lock was taken (writing who holds it on a full disk) releases it again before
+        raising: a process never keeps a lock it does not know it has."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        said = False
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not wait:
+                        os.close(fd)
+                        return False
+                    if not said:
+                        (echo or sys.stderr).write(f"kanlib: {os.path.dirname(self.path)} is being run by "
+                                                   f"{self.holder()}; waiting\n")
+                        said = True
+                    time.sleep(poll_s)
+            os.ftruncate(fd, 0)
+            data = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": now_iso()}).encode()
+            if os.pwrite(fd, data, 0) != len(data):
+                raise OSError(f"{self.path}: short write (disk full?)")
+        except BaseException:
+            os.close(fd)  # closing the descriptor drops the flock
+            raise
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 # -- reading and checking ---------------------------------------------------------------------------
 # Record fields that must be finite and positive for a record to be used, and those that must be
 # finite and non-negative when present.
 _POSITIVE = ("step_time_s", "world_size", "global_batch")
 _NON_NEGATIVE = ("forward_s", "backward_s", "optimizer_s", "comm_total_s", "peak_mem_bytes", "n_params",
-                 "emulated_s")
+                 "emulated_s", "time_to_target_s")
 
 
 def _out_of_range(rec: dict, positive, non_negative, required: bool = False) -> str | None:
@@ -820,6 +900,13 @@ def check_record(rec) -> str | None:
     why = _out_of_range(rec, _POSITIVE, _NON_NEGATIVE)
     if why:
         return why
+    loss = rec.get("final_val_loss")
+    if loss is not None and (isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss)):
+        return f"final_val_loss is {loss!r}, not a finite number (an ok run ends with a finite validation loss)"
+    nodes, per_node = rec.get("nnodes"), rec.get("nproc_per_node")
+    if isinstance(nodes, int) and isinstance(per_node, int) and rec["world_size"] != nodes * per_node:
+        return (f"world_size is {rec['world_size']!r}, but the placement nnodes x nproc_per_node is "
+                f"{nodes}x{per_node}: the run did not run with the processes its placement says")
     if rec.get("status", "ok") != "ok":
         return f"status is {rec.get('status')!r}, not 'ok'"
     return None

@@ -156,12 +156,11 @@ def start_or_resume(cfg: RunConfig, group: distributed.Group) -> Run:
     if measure_from >= cfg.steps:
         measure_from = max(cfg.warmup_steps, start_step)
     writer = records.StepWriter(os.path.join(run_dir, records.STEPS_NAME)) if info.is_main else None
-    if cfg.grad_accum_steps > 1 and not hasattr(module, "no_sync"):
-        raise ValueError(f"grad_accum_steps: {type(module).__name__} has no no_sync (single process or FSDP)")
     autocast = (torch.autocast(info.device.type, dtype=torch.bfloat16) if cfg.precision == "bf16"
                 else contextlib.nullcontext())
     return Run(cfg, info, run_dir, model, module, optimizer, n_opt_states, data, comm, AsyncFlag(info), writer,
                start_step, measure_from, attempt, started_at, faults=faults.active(cfg.run_key()),
+               train_wall_s=float(ck.get("train_wall_s", 0.0)) if ck is not None else 0.0,
                params=list(model.parameters()), clock=PhaseClock(info.device), autocast=autocast, group=group,
                compile_before=compile_before, probe=InterferenceProbe(info.device))
 
@@ -253,7 +252,8 @@ def train_step(run: Run, step: int, sigterm: distributed.StopRequest) -> StepRow
         """This rank's loss of the step's batch, and its gradients (communicated on the last micro-batch)."""
         losses = []
         for i, (xb, yb) in enumerate(micro):
-            sync = run.module.no_sync() if i < k - 1 else contextlib.nullcontext()  # all-reduce on the last only
+            # DDP all-reduces on the last micro-batch only; one process (no DDP wrapper) has nothing to hold back
+            sync = run.module.no_sync() if i < k - 1 and hasattr(run.module, "no_sync") else contextlib.nullcontext()
             with sync:
                 with run.autocast:
                     out = run.module(xb)
@@ -460,8 +460,11 @@ def _save_checkpoint(run: Run, step: int) -> str | None:
     if faults.due(run.faults, "ckptkill", info.rank, step):
         def kill():
             os.kill(os.getpid(), signal.SIGKILL)
+    # the training wall time so far (the step in flight included), carried into a resumed attempt so that its
+    # time_to_target_s counts every attempt's training, not the last one's only
+    trained_s = run.train_wall_s + (time.perf_counter() - run.step_started - run.paused_s)
     state = {"model": model_state, "optimizer": optim_state, "rng": rngs,
-             "run_key": run.cfg.run_key(), "world_size": info.world_size}
+             "run_key": run.cfg.run_key(), "world_size": info.world_size, "train_wall_s": float(trained_s)}
     return checkpoint.save(run.run_dir, state, step, before_rename=kill)
 
 
@@ -474,7 +477,9 @@ def finish(run: Run) -> RunRecord | None:
     mine = run.probe.stop() if run.probe.started else {}
     if run.writer is not None:
         run.writer.close()
-    interference = combine_interference(distributed.all_gather_objects(mine, info))
+    gathered = distributed.all_gather_objects((mine, distributed.CPUS_SHARED), info)
+    interference = combine_interference([m for m, _ in gathered])
+    interference["cpus_shared"] = any(shared for _, shared in gathered)
     combined = _combine_steps(run)  # {field: (steps,)}, each combined over ranks by its rule
     if cfg.comm_hook != "noop" and cfg.parallelism == "ddp":  # without the network replicas drift apart
         _check_replicas_agree(run.model, info)
@@ -507,6 +512,7 @@ def finish(run: Run) -> RunRecord | None:
                   "time_to_target_s": run.target_at[1] if reached else None}
     rec = RunRecord(
         provenance=records.provenance(), config=cfg.to_dict(), run_id=records.new_run_id(), run_key=cfg.run_key(),
+        data_sha256=cfg.key_inputs().get("data_sha256"),
         config_backend=cfg.backend, config_device=cfg.device, backend=info.backend or "none",
         device=info.device.type, world_size=info.world_size, started_at=run.started_at,
         finished_at=records.now_iso(), n_params=count_params(run.model),
@@ -693,9 +699,26 @@ def _prepare_run_dir(cfg: RunConfig, run_dir: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(RunConfig.usage("python -m kanlib.train"))
+        return 0
     distributed.die_with_launcher()
-    cfg = RunConfig.from_cli(sys.argv[1:] if argv is None else argv)
-    rec = train(cfg)
+    cfg = RunConfig.from_cli(argv)
+    lock = None
+    if not os.environ.get("KANLIB_RUNNER_LOCKS") and os.environ.get("RANK", "0") == "0":
+        # Started by hand (a runner holds the lock of every run it launches): one process per run folder, as
+        # under a runner; a second start of the same config would append to the first's steps.csv (issue 23)
+        lock = records.RunLock(cfg.run_dir())
+        if not lock.acquire(wait=False):
+            print(f"kanlib: {cfg.run_dir()} is being run by {lock.holder()}; not starting it twice",
+                  file=sys.stderr, flush=True)
+            return 3
+    try:
+        rec = train(cfg)
+    finally:
+        if lock is not None:
+            lock.release()
     if rec is not None:
         print(f"kanlib: world_size={rec.world_size} step_time_s={rec.step_time_s:.6f} "
               f"samples_per_s={rec.samples_per_s:.1f} final_val_loss={rec.final_val_loss:.6g} "

@@ -56,15 +56,65 @@ def check_environment(cfg: Config, launcher: str = "local") -> None:
         if here > gpus:
             raise ConfigError(f"nproc_per_node: {what} but only {gpus} CUDA devices are visible "
                               f"(one GPU per process)")
+        import torch
+
+        check_memory(cfg, 1, torch.cuda.get_device_properties(0).total_memory, "is the GPU's memory")
     else:
         if here > available_cpus():
             raise ConfigError(f"nproc_per_node: {what} on CPU but only {available_cpus()} CPU cores are "
                               f"available to this process (the processes would share cores and the timings "
                               f"would mean nothing)")
+        threads = getattr(cfg, "threads", 1)
+        if here * threads > available_cpus():
+            raise ConfigError(f"threads: {what} x threads={threads} = {here * threads} threads on CPU but only "
+                              f"{available_cpus()} CPU cores are available to this process (a process would run "
+                              f"unpinned on cores another one uses, and the timings would mean nothing)")
+        check_memory(cfg, here, _available_memory_bytes(), "of memory is available on this host")
         for name in ("nccl_algo", "nccl_proto"):
             if getattr(cfg, name, ""):
                 raise ConfigError(f"{name}: {getattr(cfg, name)!r} is an NCCL setting, but this run uses gloo "
                                   f"on CPU (no GPU here), which would ignore it")
+
+
+def check_memory(cfg: Config, processes: int, available: int | None, where: str) -> None:
+    """Refuse a training config whose estimated memory (:func:`kanlib.metrics.estimate_memory_bytes`, per process,
+    times the ``processes`` sharing ``available`` bytes) does not fit, naming the field that needs the most, before
+    torch's allocator fails mid-run with a byte count and no field (issue 23)."""
+    if available is None or not hasattr(cfg, "widths"):
+        return
+    from kanlib.metrics import estimate_memory_bytes
+
+    parts = estimate_memory_bytes(cfg)
+    need = sum(parts.values()) * processes
+    if need <= available:
+        return
+    field = max(parts, key=parts.get)
+    gib = 2**30
+    detail = ", ".join(f"{k} {v / gib:.3g} GiB" for k, v in parts.items())
+    raise ConfigError(f"{field}: the run needs at least {need / gib:.3g} GiB ({processes} process(es) x ({detail})) "
+                      f"but only {available / gib:.3g} GiB {where}; make {field} smaller")
+
+
+def _available_memory_bytes() -> int | None:
+    """``MemAvailable`` of /proc/meminfo (bytes), or None where the OS does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_timeout(timeout_s) -> None:
+    """Refuse a run deadline that is not a positive, finite number of seconds (None: no deadline); 0 or -1 gave
+    an instant timeout row for every run (issue 23)."""
+    if timeout_s is None:
+        return
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
+        raise ConfigError(f"timeout_s: a run's deadline must be a positive number of seconds (or None for no "
+                          f"deadline), got {timeout_s!r}")
 
 
 def torchrun_command(cfg: Config, *, python: str = sys.executable, standalone: bool = True,

@@ -15,7 +15,7 @@ import os
 
 from kanlib import records
 from kanlib.config import ConfigError
-from runners.command import check_environment, launch_env, torchrun_command  # noqa: F401  (re-exported)
+from runners.command import check_environment, check_timeout, launch_env, torchrun_command  # noqa: F401  (re-exported)
 from runners.group import new_plan
 from runners.supervisor import Job, RunFailed, read_record, supervise  # noqa: F401  (re-exported)
 
@@ -63,6 +63,7 @@ def run(cfg, *, launcher: str = "local", launcher_opts: dict | None = None, time
     ``echo``: where the run's output goes (default stdout; False: nowhere). With the slurm launcher,
     ``launcher_opts={"dry_run": True, ...}`` prints the script and the sbatch command and returns None.
     """
+    check_timeout(timeout_s)
     launcher = effective_launcher(cfg, launcher)
     if launcher == "slurm" and (launcher_opts or {}).get("dry_run"):
         from runners.slurm import run_slurm

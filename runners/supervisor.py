@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
-import json
 import os
 import re
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -85,72 +82,8 @@ class Job:
         return ""
 
 
-# -- the run-folder lock ---------------------------------------------------------------------------
-class RunLock:
-    """``<run_dir>/.lock``: held (``flock``) by the one process that runs the folder's run now.
-
-    The kernel drops the lock when the holding process dies, however it dies. The file says who holds it
-    (pid, host, since) for the message another runner prints while it waits.
-    """
-
-    NAME = ".lock"
-
-    def __init__(self, run_dir: str):
-        self.path = os.path.join(run_dir, self.NAME)
-        self._fd = None
-
-    def holder(self) -> str:
-        try:
-            with open(self.path) as f:
-                info = json.load(f)
-            return f"pid {info['pid']} on {info['host']} since {info['since']}"
-        except (OSError, ValueError, KeyError):
-            return "another process"
-
-    def acquire(self, wait: bool = True, echo=None, poll_s: float = 0.5) -> bool:
-        """Take the lock; while another process holds it, wait (saying once who holds it, on ``echo`` or else
-        stderr, so a sweep that streams nothing still says why it waits) or return False.
-
-        A failure after the lock was taken (writing who holds it on a full disk) releases it again before
-        raising: a process never keeps a lock it does not know it has."""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        said = False
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if not wait:
-                        os.close(fd)
-                        return False
-                    if not said:
-                        (echo or sys.stderr).write(f"kanlib: {os.path.dirname(self.path)} is being run by "
-                                                   f"{self.holder()}; waiting\n")
-                        said = True
-                    time.sleep(poll_s)
-            os.ftruncate(fd, 0)
-            data = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": records.now_iso()}).encode()
-            if os.pwrite(fd, data, 0) != len(data):
-                raise OSError(f"{self.path}: short write (disk full?)")
-        except BaseException:
-            os.close(fd)  # closing the descriptor drops the flock
-            raise
-        self._fd = fd
-        return True
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing drops the flock
-            self._fd = None
-
-    def __enter__(self):
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
+# -- the run-folder lock: kanlib.records.RunLock (a run started by hand, python -m kanlib.train, takes it too)
+RunLock = records.RunLock
 
 
 # -- following logs -------------------------------------------------------------------------------

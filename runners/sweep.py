@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from kanlib import records
 from kanlib.config import ConfigError, group_key
-from runners.command import check_environment
+from runners.command import check_environment, check_timeout
 from runners.group import groups_of, run_group
 from runners.launch import effective_launcher, make_job, read_record, refused
 from runners.supervisor import RunLock
@@ -83,6 +83,7 @@ def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | N
     multinode launchers; off on SLURM, where a waiting job step would hold the allocation's nodes)."""
     from tqdm.auto import tqdm
 
+    check_timeout(timeout_s)
     opts = dict(launcher_opts or {})
     if launcher == "slurm" and opts.get("mode", "allocation") == "allocation":
         from runners.slurm import inside_allocation, run_sweep_in_allocation

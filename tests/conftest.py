@@ -82,3 +82,31 @@ def calibrated(tmp_path):
                      step_time_s=t * (1 + 0.01 * r), backward_s=0.6 * t, repeat=r) for r in range(3)]
     write_records(tmp_path, recs)
     return tmp_path
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real 256 KiB filesystem (tmpfs, mounted as root) that the test can fill."""
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("cannot mount a small tmpfs (needs root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def fill_disk(folder) -> None:
+    """Write a file into ``folder`` until its filesystem is full."""
+    fd = os.open(os.path.join(folder, "filler"), os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:  # ENOSPC: the disk is full
+        pass
+    finally:
+        os.close(fd)

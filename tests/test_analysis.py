@@ -182,3 +182,28 @@ def test_first_run_of_a_launch_against_its_later_runs():
     assert context_mod.first_run_effect(pd.DataFrame(recs))["n"] == 0
     from kanlib import report
     assert "not checked" in report.first_run_sentence(context_mod.first_run_effect(pd.DataFrame(recs)))
+
+
+@pytest.mark.parametrize("field, a, b", [("torch_version", "2.13.0+cpu", "2.14.0+cpu"),
+                                         ("hostname", "nodeA", "nodeB")])
+def test_records_of_another_torch_version_or_host_are_a_group_of_their_own(tmp_path, field, a, b):
+    """Issue 23: records of another torch version and host pooled into one group."""
+    write_records(tmp_path, strong_records({1: 2.0, 2: 1.0}, **{field: a})
+                  + strong_records({1: 4.0, 2: 3.0}, **{field: b}))
+    t = strong_scaling.table(load.load_records(str(tmp_path)))
+    assert field in t.groups and len(t) == 4
+    assert sorted(t.data.loc[t.data[field] == a, "step_time_s"]) == pytest.approx([1.01, 2.02])
+
+
+def test_a_copy_of_a_study_folder_inside_out_is_counted_once(tmp_path):
+    """Issue 23: after ``cp -r OUT/strong_scaling OUT/strong_scaling.bak`` n_runs doubled with no warning."""
+    import shutil
+
+    write_records(tmp_path, [dict(r, run_id=f"id{i}") for i, r in enumerate(strong_records({1: 2.0, 2: 1.0}))])
+    shutil.copytree(tmp_path / "strong_scaling", tmp_path / "strong_scaling.bak")
+    with pytest.warns(UserWarning, match="6 record\\(s\\) are copies of another with the same run id") as w:
+        df = load.load_records(str(tmp_path))
+    assert len(df) == 6 and df["record_path"].str.contains("/strong_scaling/run").all()
+    text = str(w[0].message)
+    assert f"{tmp_path}/strong_scaling.bak/run0/record.json copies {tmp_path}/strong_scaling/run0/record.json" in text
+    assert strong_scaling.table(df).data["n_runs"].tolist() == [3, 3]

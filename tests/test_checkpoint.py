@@ -89,17 +89,31 @@ def _copy_of(crashed_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_truncated_checkpoint_fails_naming_the_file(crashed_run, tmp_path):
+def test_a_truncated_latest_checkpoint_falls_back_to_the_older_one(crashed_run, tmp_path):
+    """Issue 23: a truncated latest checkpoint failed every rerun; the older kept one is now tried (and named)."""
     cfg, path = _copy_of(crashed_run, tmp_path)
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) // 2)
     with pytest.raises(CheckpointError, match="unreadable \\(truncated or corrupt\\)"):
         checkpoint.load_file(path)
+    rec = run(cfg, echo=False, timeout_s=120)
+    assert rec["resumed_from_step"] == 5
+    log = open(os.path.join(cfg.run_dir(), "launch.log")).read()
+    assert "ckpt-00000010.pt: unreadable (truncated or corrupt)" in log and "resumed from step 5" in log
+    assert max_abs_diff(final_params(cfg), reference_params()) <= 1e-6
+
+
+@pytest.mark.slow
+def test_every_kept_checkpoint_truncated_fails_naming_the_file(crashed_run, tmp_path):
+    cfg, path = _copy_of(crashed_run, tmp_path)
+    for p in (path, path.replace("00000010", "00000005")):
+        with open(p, "r+b") as f:
+            f.truncate(os.path.getsize(p) // 2)
     with pytest.raises(RunFailed) as e:
         run(cfg, echo=False, timeout_s=120)
     assert e.value.status == "failed"
-    assert f"CheckpointError: checkpoint {os.path.abspath(path)}" in e.value.error or \
-        f"CheckpointError: checkpoint {path}" in e.value.error
+    assert f"CheckpointError: checkpoint {path}" in e.value.error or \
+        f"CheckpointError: checkpoint {os.path.abspath(path)}" in e.value.error
     assert "truncated or corrupt" in e.value.error
 
 

@@ -26,6 +26,8 @@ from kanlib.config import ConfigError, RunConfig, field_docs
     ({"pg_timeout_s": float("inf")}, "pg_timeout_s"),  # overflowed after launch
     ({"pg_timeout_s": float("nan")}, "pg_timeout_s"),
     ({"lr": float("nan")}, "lr"),
+    ({"seed": 2e13}, "seed"),  # issue 23: passed validation and overflowed in torch's seeding
+    ({"pg_timeout_s": 1e15}, "pg_timeout_s"),  # ... and in the process group's timeout
 ])
 def test_invalid_values_name_the_field(kwargs, field):
     with pytest.raises(ConfigError) as e:

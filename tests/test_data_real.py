@@ -145,8 +145,8 @@ def test_digits_learns_clearly_above_chance(tmp_path):
     (dict(task="feynman:I.6.2", widths=(3, 4, 1)),
      r"^widths: task 'feynman:I.6.2' \(exp.*\) has 2 inputs \(sigma, theta\), but widths\[0\]=3$"),
     (dict(task="feynman:I.6.2", widths=(2, 4, 3)), r"^widths: task 'feynman:I.6.2' .* so widths\[-1\] must be 1"),
-    (dict(task="digits", widths=(64, 8, 10)), r"^n_val: task 'digits' has 1797 rows; n_val=2048 leaves none to train "
-                                              r"on \(e.g. n_val=359\)$"),
+    (dict(task="digits", widths=(64, 8, 10), n_val=2048), r"^n_val: task 'digits' has 1797 rows; n_val=2048 leaves "
+                                                          r"none to train on \(e.g. n_val=359\)$"),
     (dict(task="digits", widths=(64, 8, 1), n_val=300), r"^widths: task 'digits' has 10 classes, so widths\[-1\] must "
                                                          r"be 10, got widths\[-1\]=1$"),
     (dict(task="digits", widths=(8, 8, 10), n_val=300), r"^widths: task 'digits' has 64 inputs, but widths\[0\]=8$"),

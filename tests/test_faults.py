@@ -227,6 +227,10 @@ def test_invalid_config_names_the_field(tmp_path, changes, field):
     ({"backend": "nccl", "device": "auto"}, "backend"),
     ({"device": "cuda"}, "device"),
     ({"nproc_per_node": 64, "global_batch": 64}, "nproc_per_node"),
+    ({"nproc_per_node": 1, "threads": 64}, "threads"),  # issue 23: processes x threads, not processes, count
+    # issue 23: tens of GB failed in torch's allocator with a byte count and no field named
+    ({"widths": (2, 200_000, 200_000, 1)}, "widths"),
+    ({"widths": (2, 4096, 1), "global_batch": 2**22, "n_train": 2**22}, "global_batch"),
 ])
 def test_machine_cannot_run_config_refused_before_launch(tmp_path, changes, field, monkeypatch):
     if torch.cuda.is_available() and field != "nproc_per_node":
@@ -320,3 +324,164 @@ def _listening(pid: int) -> set:
                 addr = str(ipaddress.IPv4Address(raw[::-1]))
             out.add((addr, int(hexport, 16)))
     return out
+
+
+@pytest.mark.slow
+def test_a_run_that_finds_every_cpu_held_says_so_and_is_recorded_disturbed(tmp_path, monkeypatch):
+    """Issue 23: two studies at once on one host shared cores silently; a rank that finds no CPUs of its own free
+    now says so, and its record says ``cpus_shared`` (a disturbed run, which a sweep runs once more)."""
+    import fcntl
+
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    held = []
+    for c in os.sched_getaffinity(0):  # another study's processes hold every CPU of this host
+        fd = os.open(slots / f"cpu{c}", os.O_RDONLY | os.O_CREAT, 0o444)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.append(fd)
+    monkeypatch.setenv("KANLIB_CPU_SLOTS", str(slots))
+    try:
+        rec = run(tiny(tmp_path, steps=8), echo=False, timeout_s=120)
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert rec["cpus_shared"] is True
+    assert "shared cores" in records.disturbance(rec)
+    log = open(os.path.join(tiny(tmp_path, steps=8).run_dir(), "launch.log")).read()
+    assert "free CPU(s)" in log and "sharing cores" in log
+
+
+# -- issue 23: the direct entry point, late signals, restarts across nodes, resumed targets -----------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "KANLIB_RUNNER_LOCKS", "TORCHELASTIC_RESTART_COUNT")
+
+
+def _train_cli(args, env=None, wait=True):
+    """``python -m kanlib.train ARGS`` as a user types it: no launcher, no runner."""
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    cmd = [sys.executable, "-m", "kanlib.train", *args]
+    kw = dict(cwd=ROOT, env={**base, "PYTHONPATH": ROOT, **(env or {})}, stdout=subprocess.PIPE,
+              stderr=subprocess.PIPE, text=True)
+    if not wait:
+        return subprocess.Popen(cmd, **kw)
+    return subprocess.run(cmd, timeout=300, **kw)
+
+
+def _cli_args(cfg):
+    return cfg.to_cli()
+
+
+def test_two_processes_asked_without_a_launcher_are_refused(tmp_path):
+    """Issue 23: without torchrun a 1x2 config trained in one process and was filed as a 1x2 result."""
+    cfg = tiny(tmp_path, steps=6)
+    out = _train_cli(_cli_args(cfg))
+    assert out.returncode != 0
+    assert "nproc_per_node: nnodes x nproc_per_node = 1 x 2 processes, but this is one process" in out.stderr
+    assert not load.find_record_files(str(tmp_path))
+
+
+def test_help_prints_usage_and_bad_widths_are_refused(tmp_path):
+    """Issue 23: ``--help`` was an error; ``--widths=2,,16,1`` silently became [2, 16, 1]."""
+    out = _train_cli(["--help"])
+    assert out.returncode == 0 and out.stdout.startswith("usage: python -m kanlib.train --key=value")
+    assert "--widths=2,16,16,1" in out.stdout and "Layer widths, input first" in out.stdout
+    out = _train_cli(["--widths=2,,16,1", f"--out_dir={tmp_path}"])
+    assert out.returncode != 0 and "widths: an empty entry in '2,,16,1'" in out.stderr
+    assert not os.listdir(tmp_path)
+
+
+def test_digits_runs_with_the_default_n_val(tmp_path):
+    """Issue 23: ``python -m kanlib.train --task=digits`` refused its own default n_val (2048 of 1797 rows)."""
+    out = _train_cli(["--task=digits", "--widths=64,8,10", "--steps=3", "--warmup_steps=1", "--optimizer=adam",
+                      "--lr=0.01", "--kan_impl=fast", f"--out_dir={tmp_path}"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    [path] = load.find_record_files(str(tmp_path))
+    rec = records.read_record(path)
+    assert rec["n_val"] == 1797 // 5 and rec["task"] == "digits"
+
+
+def test_grad_accum_steps_in_one_process_without_torchrun(tmp_path):
+    """Issue 23: ``grad_accum_steps=2`` without torchrun failed at run time; one process accumulates without DDP."""
+    cfg = tiny(tmp_path, nproc_per_node=1, steps=6, grad_accum_steps=2)
+    out = _train_cli(_cli_args(cfg))
+    assert out.returncode == 0, out.stderr[-2000:]
+    rec = records.read_record(os.path.join(cfg.run_dir(), records.RECORD_NAME))
+    assert rec["grad_accum_steps"] == 2 and rec["world_size"] == 1 and math.isfinite(rec["final_val_loss"])
+
+
+def test_a_run_started_by_hand_takes_the_run_lock(tmp_path):
+    """Issue 23: two ``python -m kanlib.train`` of one config into one folder both ran (steps.csv held twice the
+    rows); the second now refuses, naming the first, and a later start after the first died runs normally."""
+    import signal
+
+    cfg = tiny(tmp_path, nproc_per_node=1, steps=8)
+    first = _train_cli(_cli_args(cfg), env={"KANLIB_FAULT": "hang@0:3"}, wait=False)  # holds the folder
+    try:
+        deadline = time.monotonic() + 120
+        steps = os.path.join(cfg.run_dir(), records.STEPS_NAME)
+        while not (os.path.exists(steps) and open(steps).read().count("\n") >= 3):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.2)
+        second = _train_cli(_cli_args(cfg))
+        assert second.returncode == 3
+        assert f"is being run by pid {first.pid} on {socket.gethostname()}" in second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)  # the hung process has the default SIGTERM action
+        first.communicate(timeout=60)
+    third = _train_cli(_cli_args(cfg))
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert load.load_steps(cfg.run_dir()).step.tolist() == list(range(8))
+
+
+@pytest.mark.slow
+def test_a_late_sigterm_after_the_record_is_an_ok_row(tmp_path, monkeypatch):
+    """Issue 23: SIGTERM at step 14 of 30 (the stop agreed only after the record was written) left a complete run
+    marked failed, and the next sweep skipped it, so a run every analysis used had no ok row."""
+    monkeypatch.setenv("KANLIB_FAULT", "term@0:14")
+    cfg = tiny(tmp_path, steps=30)
+    try:
+        rec = run(cfg, echo=False, timeout_s=120)
+    except RunFailed as e:  # stopped in time (preempted): then the rerun must end ok, one row each
+        assert e.status == "preempted", e
+        monkeypatch.delenv("KANLIB_FAULT")
+        rec = run(cfg, echo=False, timeout_s=120)
+    rows = manifest_rows(cfg)
+    assert rows[-1]["status"] == "ok" and rows[-1]["run_key"] == rec["run_key"]
+    assert [r["status"] for r in rows] in (["ok"], ["preempted", "ok"])
+    assert "failed" not in [r["status"] for r in rows]
+
+
+@pytest.mark.slow
+def test_max_restarts_applies_across_nodes(tmp_path, monkeypatch):
+    """Issue 23: the multinode torchruns got --max-restarts=0: a rank killed at step 12 recovered at 1x2 and
+    failed at 2x1."""
+    monkeypatch.setenv("KANLIB_FAULT", "kill@1:12")
+    cfg = tiny(tmp_path, nnodes=2, nproc_per_node=1, checkpoint_every=5)
+    rec = run(cfg, launcher="multinode", echo=False, timeout_s=240, max_restarts=1)
+    # (``attempt`` is rank 0's torchrun's restart count: node 0's agent restarts its healthy worker on the
+    # re-rendezvous without counting a failure, so it stays 0 there)
+    assert rec["resumed_from_step"] == 10 and rec["world_size"] == 2 and rec["nnodes"] == 2
+    log = open(os.path.join(cfg.run_dir(), "launch-node0.log")).read()
+    assert "--max-restarts=1" in log and "kanlib: resumed from step 10" in log
+    assert [r["status"] for r in manifest_rows(cfg)] == ["ok"]
+
+
+@pytest.mark.slow
+def test_time_to_target_of_a_resumed_run_counts_every_attempt(tmp_path, monkeypatch):
+    """Issue 23: a run preempted before its target and rerun reported the last attempt's training time only."""
+    monkeypatch.setenv("KANLIB_FAULT", "term@0:11")  # warm-up: the stop is agreed at that step
+    cfg = tiny(tmp_path, steps=20, warmup_steps=14, eval_every=16, target_val_loss=1e9)  # reached at step 16
+    with pytest.raises(RunFailed) as e:
+        run(cfg, echo=False, timeout_s=120)
+    assert e.value.status == "preempted"
+    monkeypatch.delenv("KANLIB_FAULT")
+    rec = run(cfg, echo=False, timeout_s=120)
+    assert rec["resumed_from_step"] == 12 and rec["steps_to_target"] == 16
+    steps = load.load_steps(cfg.run_dir())
+    before = steps[steps.step < 16]
+    assert before.step.tolist() == list(range(16))
+    # each step's wall time is at least its timed phases: the time to target covers all 16 steps, both attempts'
+    assert rec["time_to_target_s"] >= before.step_time_s.sum()

@@ -175,3 +175,36 @@ def test_a_link_model_that_fails_its_own_check_gives_no_guidance(calibrated):
     assert check.status == "failed" and "DDP parity" in check.why
     body = open(report.build_report(str(calibrated), guidelines=bad)).read()
     assert body.count("FAILED its own check") >= 3  # the front page and both what-ifs
+
+
+def _cli(*args):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, "-m", "kanlib.guidelines", *map(str, args)], capture_output=True,
+                          text=True, cwd=root, env={**os.environ, "PYTHONPATH": root}, timeout=120)
+
+
+def test_the_cli_refuses_missing_empty_and_failed_only_folders_and_a_zero_target(tmp_path):
+    """Issue 23: ``python -m kanlib.guidelines /nope1 /nope2`` said "0 of 0 answers the same" and exited 0; an
+    empty or only-failed folder exited 0 too; ``--target-efficiency 0`` ended in a traceback."""
+    out = _cli(tmp_path / "nope1", tmp_path / "nope2")
+    assert out.returncode == 2 and "nope1: no such folder" in out.stderr and "answers the same" not in out.stdout
+    (tmp_path / "empty").mkdir()
+    out = _cli(tmp_path / "empty")
+    assert out.returncode == 2 and "no guidelines: no records under" in out.stderr
+    failed = tmp_path / "failed" / "strong_scaling" / "run0"  # a failed run leaves no record.json
+    failed.mkdir(parents=True)
+    (failed / "config.json").write_text("{}")
+    (failed.parent / "manifest.jsonl").write_text('{"status": "failed", "run_key": "run0"}\n')
+    out = _cli(tmp_path / "failed")
+    assert out.returncode == 2 and "no guidelines" in out.stderr
+    write_records(tmp_path / "ok", strong_records({1: 8.0, 2: 4.4}))
+    out = _cli(tmp_path / "ok", "--target-efficiency", "0")
+    assert out.returncode == 2 and "--target-efficiency: a parallel efficiency in (0, 1]" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert _cli(tmp_path / "ok").returncode == 0
+    out = _cli(tmp_path / "ok", tmp_path / "empty")
+    assert out.returncode == 2 and "empty: no guidelines" in out.stderr

@@ -290,3 +290,32 @@ def test_make_study_writes_to_an_absolute_out_even_with_spaces(tmp_path):
             if not t.startswith("make")]
     assert tail[-1].startswith("! = rests on unstable/disturbed points") and any("decisions;" in t for t in tail)
     assert not os.path.exists(os.path.join(notebook.REPO, str(out).lstrip("/")))  # nothing under the repo
+
+
+@pytest.mark.slow
+def test_the_papermill_example_of_docs_cluster_runs(tmp_path):
+    """Issue 23: docs/cluster.md's papermill example named notebooks/*.ipynb, which are generated into
+    build/notebooks/, and its default out_dir worked only with --cwd notebooks. The example's commands, run as
+    written from the checkout's root: SLURM's site file swapped for a local one, the output notebook and the
+    records put under tmp_path."""
+    import glob
+    import json
+    import shlex
+
+    text = open(os.path.join(notebook.REPO, "docs", "cluster.md")).read()
+    block = re.search(r"```sh\n(make notebooks\npapermill .*?)\n```", text, re.S).group(1)
+    make, cmd = block.splitlines()
+    assert make == "make notebooks"
+    notebook.main(["ipynb"])  # what `make notebooks` runs
+    args = shlex.split(cmd)
+    assert args[:3] == ["papermill", "--cwd", "notebooks"] and os.path.exists(os.path.join(notebook.REPO, args[3]))
+    site = tmp_path / "site.yaml"
+    site.write_text("launcher_opts: {}\nplacements: ['1x1']\nsteps: 4\nwarmup_steps: 1\nwidths: [2, 4, 1]\n"
+                    "global_batch: 64\nn_train: 256\nn_val: 64\nkan_impl: fast\ntimeout_s: 120.0\n"
+                    f"out_dir: {json.dumps(str(tmp_path / 'outputs'))}\n")
+    args = [sys.executable, "-m", *args]
+    args = [str(tmp_path / "out.ipynb") if a == "out.ipynb" else str(site) if a == "site.yaml"
+            else "local" if a == "slurm" else a for a in args]
+    proc = subprocess.run(args, cwd=notebook.REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert glob.glob(str(tmp_path / "outputs" / "strong_scaling" / "*" / "record.json"))

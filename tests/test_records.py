@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from conftest import fill_disk
 from kanlib import records
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "schema.md")
@@ -42,9 +43,13 @@ def test_step_columns_come_from_the_row_and_round_trip(tmp_path):
     ({"step_time_s": "fast"}, "step_time_s is 'fast', not a number"),
     ({"schema_version": 99}, "schema_version 99"),
     ({"comm_total_s": -0.1}, "comm_total_s is -0.1"),
+    ({"time_to_target_s": -1.5}, "time_to_target_s is -1.5"),
+    ({"final_val_loss": float("nan")}, "final_val_loss is nan, not a finite number"),
+    ({"nnodes": 1, "nproc_per_node": 4}, "world_size is 2, but the placement nnodes x nproc_per_node is 1x4"),
 ])
 def test_bad_records_are_refused_with_a_reason(tmp_path, change, reason):
-    good = {"schema_version": 2, "step_time_s": 0.01, "world_size": 2, "global_batch": 64, "status": "ok"}
+    good = {"schema_version": 2, "step_time_s": 0.01, "world_size": 2, "global_batch": 64, "status": "ok",
+            "nnodes": 2, "nproc_per_node": 1, "final_val_loss": 0.5, "time_to_target_s": 1.0}
     assert records.check_record(good) is None
     path = tmp_path / "record.json"
     import json
@@ -59,33 +64,6 @@ def test_atomic_write_leaves_no_temporary_on_failure(tmp_path):
     with pytest.raises(TypeError):
         records.atomic_write_json(path, {"bad": object()})
     assert os.listdir(tmp_path) == []
-
-
-@pytest.fixture
-def full_disk(tmp_path):
-    """A real 256 KiB filesystem (tmpfs, mounted as root) that the test can fill."""
-    import subprocess
-
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode != 0:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("cannot mount a small tmpfs (needs root)")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
-
-
-def _fill(folder) -> None:
-    fd = os.open(os.path.join(folder, "filler"), os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:  # ENOSPC: the disk is full
-        pass
-    finally:
-        os.close(fd)
 
 
 def test_a_full_disk_loses_nothing_already_written(full_disk):
@@ -103,7 +81,7 @@ def test_a_full_disk_loses_nothing_already_written(full_disk):
     records.atomic_write_json(record, {"step_time_s": 0.5})
     records.append_manifest(manifest, {"run_key": "a", "status": "ok"})
     checkpoint.save(str(run_dir), {"model": {"w": torch.zeros(4)}, "optimizer": {}, "rng": []}, 5)
-    _fill(full_disk)
+    fill_disk(full_disk)
     with pytest.raises(OSError):
         records.atomic_write_json(record, {"step_time_s": 0.7, "pad": "x" * 100_000})
     with pytest.raises(OSError):

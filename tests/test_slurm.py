@@ -92,6 +92,16 @@ def test_site_settings_are_checked(tmp_path):
         sbatch_script(tiny(tmp_path, device="cuda"))
 
 
+@pytest.mark.parametrize("opts, field", [({"cpus_per_task": "4"}, "cpus_per_task"),
+                                         ({"gpus_per_node": "2"}, "gpus_per_node"),
+                                         ({"cpus_per_task": 2.5}, "cpus_per_task"),
+                                         ({"gpus_per_node": None}, "gpus_per_node")])
+def test_slurm_counts_given_as_strings_are_refused_naming_the_setting(tmp_path, opts, field):
+    """Issue 23: SLURM ``cpus_per_task``/``gpus_per_node`` given as strings raised raw ValueError/TypeError."""
+    with pytest.raises(ConfigError, match=f"^{field}: expected"):
+        sbatch_script(tiny(tmp_path), **opts)
+
+
 def test_srun_command_needs_an_allocation_or_an_endpoint(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     cfg = tiny(tmp_path, nnodes=2)
@@ -139,6 +149,18 @@ def test_failing_job_raises_with_its_slurm_log(slurm_cluster, tmp_path):
     assert "srun: error: n" in err.log_tail  # the SLURM log's tail, not only the message
     assert os.path.exists(os.path.join(cfg.run_dir(), f"slurm-{err.job_id}.log"))
     assert read_record(cfg) is None
+
+
+@pytest.mark.slurm
+def test_a_percent_in_out_dir_reaches_sbatch_literally(slurm_cluster, tmp_path):
+    """Issue 23: a '%' in out_dir reached ``sbatch --output=``, where SLURM expands ``%j``, so the supervisor
+    followed a log that was never written."""
+    cfg = tiny(tmp_path / "results %j 100%")
+    rec = run(cfg, launcher="slurm", timeout_s=120, echo=False)
+    assert rec["status"] == "ok"
+    logs = glob.glob(os.path.join(glob.escape(cfg.run_dir()), "slurm-*.log"))
+    assert len(logs) == 1 and re.fullmatch(r"slurm-\d+\.log", os.path.basename(logs[0]))
+    assert "kanlib: world_size=1" in open(logs[0]).read()
 
 
 @pytest.mark.slurm

@@ -165,6 +165,33 @@ def test_run_lock_is_exclusive_and_dies_with_its_owner(tmp_path):
         p.kill()
 
 
+def test_a_lock_taken_on_a_full_disk_is_released_and_a_waiting_sweep_says_who_holds_it(full_disk, capfd):
+    """Issue 23: ``acquire`` kept the locked file open when writing the holder failed with ENOSPC, so a rerun in the
+    same process (a notebook kernel) waited on its own lock forever, silently (sweeps pass echo=False)."""
+    from conftest import fill_disk
+
+    run_dir = full_disk / "run"
+    run_dir.mkdir()
+    fill_disk(full_disk)
+    with pytest.raises(OSError):
+        RunLock(str(run_dir)).acquire(wait=False)
+    os.remove(full_disk / "filler")
+    again = RunLock(str(run_dir))
+    assert again.acquire(wait=False)  # the failed attempt holds nothing
+    code = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from runners.supervisor import RunLock; "
+            f"RunLock({str(run_dir)!r}).acquire(); print('held', flush=True); time.sleep(1.5)")
+    again.release()
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        waiter = RunLock(str(run_dir))
+        assert waiter.acquire(wait=True, echo=False, poll_s=0.1)  # as a sweep that streams nothing waits
+        waiter.release()
+    finally:
+        p.wait(timeout=10)
+    assert f"kanlib: {run_dir} is being run by pid {p.pid} on " in capfd.readouterr().err
+
+
 def test_a_waiting_runner_skips_what_the_holder_completed(tmp_path):
     cfg = cfg_for(tmp_path)
     os.makedirs(cfg.run_dir())

@@ -287,3 +287,61 @@ def test_code_change_changes_the_run_key(tmp_path):
         f.write("\n# a comment\n")
     second = key()
     assert second[0] != first[0] and second[1] != first[1]
+
+
+@pytest.mark.slow
+def test_rewritten_data_file_is_run_again_not_reused(tmp_path):
+    """Issue 23: a sweep over ``task=file`` skipped its run after the file was rewritten with other values (the
+    run key covered the path only); the key and the record now carry the file's content hash."""
+    import numpy as np
+
+    data = tmp_path / "d.csv"
+
+    def write(seed):
+        rng = np.random.default_rng(seed)
+        x = rng.uniform(-1, 1, (300, 2))
+        rows = "\n".join(f"{a:.6f},{b:.6f},{np.sin(a) * b:.6f}" for a, b in x)
+        data.write_text("a,b,y\n" + rows + "\n")
+
+    write(1)
+    cfg = tiny(tmp_path, task="file", data_path=str(data), widths=(2, 4, 1), nproc_per_node=1, steps=6,
+               n_train=200, n_val=50, global_batch=32)
+    first = run_sweep([cfg], progress=False, rerun_disturbed=False, timeout_s=120)
+    rec1 = first.records[-1]
+    size = data.stat().st_size
+    write(2)  # other values (the same number of rows)
+    assert cfg.run_key() != rec1["run_key"]
+    again = run_sweep([cfg], progress=False, rerun_disturbed=False, timeout_s=120)
+    assert again.skipped == 0
+    rec2 = again.records[-1]
+    assert rec2["run_id"] != rec1["run_id"] and rec2["data_sha256"] != rec1["data_sha256"]
+    assert rec1["data_sha256"] and len(rec1["data_sha256"]) == 16 and size > 0
+    assert run_sweep([cfg], progress=False, rerun_disturbed=False, timeout_s=120).skipped == 1  # unchanged: reused
+
+
+def test_a_torch_upgrade_changes_the_run_key(monkeypatch):
+    """Issue 23: after a torch upgrade a sweep reused the old records (the key did not cover the torch version)."""
+    from kanlib import config
+    from kanlib.config import RunConfig
+
+    import torch
+
+    assert config.torch_version() == torch.__version__  # the version a run's record states
+    cfg = RunConfig()
+    before = cfg.run_key()
+    monkeypatch.setattr(config, "torch_version", lambda: "9.9.9+cpu")
+    assert cfg.run_key() != before
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1, float("nan"), "60"])
+def test_a_deadline_that_is_not_positive_is_refused_before_anything_runs(tmp_path, timeout_s):
+    """Issue 23: timeout_s of 0 or -1 was accepted and gave an instant timeout row."""
+    from kanlib.config import ConfigError
+    from runners.launch import run
+
+    cfg = tiny(tmp_path)
+    with pytest.raises(ConfigError, match="^timeout_s: a run's deadline must be a positive number"):
+        run_sweep([cfg], progress=False, timeout_s=timeout_s)
+    with pytest.raises(ConfigError, match="^timeout_s: "):
+        run(cfg, echo=False, timeout_s=timeout_s)
+    assert not os.path.exists(os.path.join(tmp_path, cfg.study))

@@ -24,7 +24,8 @@ from kanlib.analysis.table import Table
 BOOKKEEPING = ("repeat", "out_dir", "pg_timeout_s", "checkpoint_every", "study", "config_backend",
                "config_device", "record_path", "disturbed_why")
 # Fields of the records that are not config fields but say what ran (values used, or the code).
-RECORD_GROUP_FIELDS = ("backend", "device", "device_name", "code_version", "disturbed")
+RECORD_GROUP_FIELDS = ("backend", "device", "device_name", "code_version", "torch_version", "hostname",
+                       "data_sha256", "disturbed")
 """``disturbed``: kept disturbed runs (kanlib.analysis.load, ``disturbed="keep"``) are a group of their own."""
 PLACEMENT_AXES = ("nnodes", "nproc_per_node")
 """The axes of a study that declares none: the placement."""
@@ -76,7 +77,7 @@ def varies(s: pd.Series) -> bool:
 
 def design(df: pd.DataFrame, study: str, axes=PLACEMENT_AXES, swept=(), extra: tuple[str, ...] = ()) -> Design:
     """The group fields of ``df`` (records of one study): every config field, plus backend, device,
-    device name and code version, that differs between records, except bookkeeping and the study's
+    device name, code version, torch version, host and data file content, that differs between records, except bookkeeping and the study's
     ``axes``; ``extra`` fields are added (and kept even when constant). ``swept``: what one sweep of the study
     varies; a group field outside it means the folder holds several sweeps."""
     axes = list(axes)

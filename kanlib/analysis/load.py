@@ -129,6 +129,8 @@ def read(root: str, strict: bool = False) -> Records:
     :func:`kanlib.records.check_record` is skipped and named, with a warning; with ``strict=True`` the first
     training record that cannot be used raises :class:`kanlib.records.RecordError`."""
     out = Records(root)
+    seen: dict[str, int] = {}  # run_id -> index in out.runs: a copy of a folder inside root counts once
+    copies = []
     for path in find_record_files(root):
         try:
             rec = read_json(path)
@@ -150,7 +152,19 @@ def read(root: str, strict: bool = False) -> Records:
         row = flatten(rec)
         row["code_version"] = row.get("code_version") or UNKNOWN_CODE
         row["record_path"] = path
+        run_id = rec.get("run_id")
+        if run_id and run_id in seen:
+            kept = out.runs[seen[run_id]]
+            if _in_own_study(path, rec) and not _in_own_study(kept["record_path"], kept):
+                out.runs[seen[run_id]], row = row, kept  # keep the one in <root>/<study>/, not its copy
+            copies.append((run_id, row["record_path"], out.runs[seen[run_id]]["record_path"]))
+            continue
+        if run_id:
+            seen[run_id] = len(out.runs)
         out.runs.append(row)
+    if copies:
+        warnings.warn(f"{len(copies)} record(s) are copies of another with the same run id, counted once: "
+                      + "; ".join(f"{c} copies {k} (run id {r})" for r, c, k in copies), stacklevel=2)
     if out.bad:
         warnings.warn(f"skipped {len(out.bad)} unreadable record(s): "
                       + "; ".join(f"{p} line {ln}: {r}" for p, ln, r in out.bad), stacklevel=2)
@@ -158,6 +172,11 @@ def read(root: str, strict: bool = False) -> Records:
         warnings.warn("skipped unusable collbench record(s): " + "; ".join(f"{p}: {w}" for p, w in out.bench_bad),
                       stacklevel=2)
     return out
+
+
+def _in_own_study(path: str, rec: dict) -> bool:
+    """Whether ``path`` is ``.../<study>/<run folder>/record.json`` of the record's own study."""
+    return os.path.basename(os.path.dirname(os.path.dirname(path))) == rec.get("study")
 
 
 def _add_bench(out: Records, path: str, rec: dict) -> None:
