@@ -162,10 +162,12 @@ def test_a_link_model_that_fails_its_own_check_gives_no_guidance(calibrated):
     pred = g.table[g.table["question"].str.contains("predicted largest world size")]
     assert len(pred) and all("model error band" in a for a in pred["answer"])
     assert g.context.model_check().status == "passed"
-    for path in load.find_record_files(str(calibrated)):  # the measured exposure: 10 ms more than the model says
+    timed = 0
+    for path in sorted(load.find_record_files(str(calibrated))):
         rec = load.read_json(path)
-        if rec.get("comm_hook") == "timed":
-            rec["step_time_s"] += 0.010
+        if rec.get("comm_hook") == "timed":  # every other run 20 ms slower than the model (fitted without it) says
+            timed += 1
+            rec["step_time_s"] += 0.020 * (timed % 2)
             with open(path, "w") as f:
                 json.dump(rec, f)
     bad = guidelines.from_out_dir(str(calibrated))

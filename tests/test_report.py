@@ -287,7 +287,7 @@ def test_readme_results_are_generated_from_the_outputs_and_checked(study_dir, tm
 
 
 def test_readme_carries_the_generated_results_markers():
-    """README's results section is the generator's to write (python -m kanlib.report --readme OUT)."""
+    """README's results section is the generator's to write (python -m kanlib.report OUT --readme)."""
     text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
     assert text.count(report.README_START) == 1 and text.count(report.README_END) == 1
     assert text.index(report.README_START) < text.index(report.README_END)
