@@ -40,6 +40,8 @@ PARAMS ?=
 # about 10 minutes; the notebooks' own defaults are tiny (CI runs them under nbval); PARAMS_SET=gpu_cluster
 # for a GPU cluster; PARAMS_SET= for the notebooks' defaults.
 PARAMS_SET ?= study
+# Analysis notebooks run this many at a time, after every launch notebook has finished (nothing they do is timed).
+JOBS ?= 2
 LAB_PORT ?= 8888
 # Extra JupyterLab arguments, e.g. LAB_ARGS=--ServerApp.token=secret
 LAB_ARGS ?=
@@ -56,22 +58,38 @@ notebooks: $(STAMP)
 # intervals and which rest on unstable or disturbed points (python -m kanlib.guidelines --summary OUT).
 study: notebooks
 	@out="$(OUT)"; case "$$out" in /*) ;; *) out="$$PWD/$$out";; esac; \
+	case "$(JOBS)" in ""|*[!0-9]*|0) echo "make study: JOBS is how many analysis notebooks run at once, a whole number >= 1; got '$(JOBS)'" >&2; exit 2;; esac; \
 	mkdir -p "$$out/notebooks" || exit 1; \
 	if [ -n "$(PARAMS_SET)" ] && [ -z "$$SLURM_JOB_ID" ] && $(PY) -m runners.slurm uses-slurm "notebooks/params/$(PARAMS_SET)"; then \
 	  exec $(PY) -m runners.slurm study "notebooks/params/$(PARAMS_SET)" "$$out" -- \
 	    study PARAMS_SET="$(PARAMS_SET)" OUT="$$out" VENV="$(VENV)" PYTHON="$(PYTHON)"; \
 	fi; \
 	$(PY) -m runners.preflight "$$out" || exit 1; \
-	for nb in $(NOTEBOOKS); do \
-	  echo "== $$nb"; \
+	nbrun() { \
 	  set -- ; \
 	  if [ -n "$(PARAMS_SET)" ]; then \
 	    d="notebooks/params/$(PARAMS_SET)"; \
 	    case " $(LAUNCH) " in *" $$nb "*) [ -f "$$d/launch.yaml" ] && set -- "$$@" -f "$$d/launch.yaml";; esac; \
 	    [ -f "$$d/$$nb.yaml" ] && set -- "$$@" -f "$$d/$$nb.yaml"; \
 	  fi; \
-	  $(PAPERMILL) -p out_dir "$$out" "$$@" $(PARAMS) "$(NB_BUILD)/$$nb.ipynb" "$$out/notebooks/$$nb.ipynb" || exit 1; \
+	  $(PAPERMILL) -p out_dir "$$out" "$$@" $(PARAMS) "$(NB_BUILD)/$$nb.ipynb" "$$out/notebooks/$$nb.ipynb"; \
+	}; \
+	flush() { \
+	  pids=; for a in $$batch; do (nb=$$a; nbrun) > "$$out/notebooks/$$a.log" 2>&1 & pids="$$pids $$!"; done; \
+	  failed=; for p in $$pids; do wait $$p || failed=1; done; \
+	  for a in $$batch; do echo "== $$a"; cat "$$out/notebooks/$$a.log"; rm -f "$$out/notebooks/$$a.log"; done; \
+	  batch=; n=0; [ -z "$$failed" ]; \
+	}; \
+	batch=; n=0; \
+	for nb in $(NOTEBOOKS); do \
+	  case " $(ANALYSES) " in \
+	    *" $$nb "*) batch="$$batch $$nb"; n=$$((n + 1)); \
+	      if [ $$n -ge $(JOBS) ]; then flush || exit 1; fi; continue;; \
+	  esac; \
+	  flush || exit 1; \
+	  echo "== $$nb"; nbrun || exit 1; \
 	done; \
+	flush || exit 1; \
 	set -- ; for nb in $(ANALYSES) 05_guidelines; do set -- "$$@" "$$out/notebooks/$$nb.ipynb"; done; \
 	$(PY) -m runners.notebook html "$$@" >/dev/null || exit 1; \
 	echo "Study written under $$out/: records per study, figures in $$out/figures/, executed notebooks and their HTML in $$out/notebooks/"; \

@@ -293,6 +293,70 @@ def test_make_study_writes_to_an_absolute_out_even_with_spaces(tmp_path):
     assert not os.path.exists(os.path.join(notebook.REPO, str(out).lstrip("/")))  # nothing under the repo
 
 
+TIMED_PAPERMILL = '''
+import json, os, shutil, sys, time
+src, dst = sys.argv[-2], sys.argv[-1]
+name = os.path.basename(dst)
+t0 = time.time()
+print("running", name, flush=True)
+time.sleep(1.0)
+if name.startswith(os.environ.get("FAIL_NOTEBOOK") or "-"):
+    print("failing", name, file=sys.stderr)
+    sys.exit(3)
+shutil.copy(src, dst)
+with open(dst + ".span.json", "w") as f:
+    json.dump([t0, time.time()], f)
+'''
+
+
+def _make_study_with_analyses(tmp_path, jobs="2", fail=""):
+    fake = tmp_path / "timed_papermill.py"
+    fake.write_text(TIMED_PAPERMILL)
+    stamp = tmp_path / "stamp"
+    stamp.touch()
+    out = write_study(tmp_path / "out dir")
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    analyses = "01_strong_scaling_analysis 02_weak_scaling_analysis 04_model_size_scaling_analysis"
+    run = subprocess.run(["make", "-C", notebook.REPO, "study", f"VENV={venv}", f"STAMP={stamp}",
+                          f"PAPERMILL={sys.executable} {fake}", f"OUT={out}", "PARAMS_SET=", f"JOBS={jobs}",
+                          f"NOTEBOOKS=01_strong_scaling {analyses} 05_guidelines", f"ANALYSES={analyses}"],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "FAIL_NOTEBOOK": fail})
+    return run, out, analyses.split()
+
+
+def test_make_study_runs_the_analysis_notebooks_two_at_a_time_after_the_launches(tmp_path):
+    import json
+
+    run, out, analyses = _make_study_with_analyses(tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    span = {nb: json.load(open(out / "notebooks" / f"{nb}.ipynb.span.json"))
+            for nb in ["01_strong_scaling", *analyses, "05_guidelines"]}
+    first, second, third = (span[nb] for nb in analyses)
+    assert span["01_strong_scaling"][1] <= min(first[0], second[0])  # no analysis while a launch notebook runs
+    assert second[0] < first[1] and first[0] < second[1]  # the first two ran at once
+    assert third[0] >= max(first[1], second[1])  # at most JOBS at a time
+    assert span["05_guidelines"][0] >= third[1]  # the report's notebook after every analysis
+    # each analysis's output is printed whole, under its name, in the study's order; no log left behind
+    at = [run.stdout.index(f"== {nb}\nrunning {nb}.ipynb") for nb in analyses]
+    assert at == sorted(at)
+    assert not list((out / "notebooks").glob("*.log"))
+
+
+def test_make_study_fails_when_an_analysis_run_in_parallel_fails(tmp_path):
+    run, out, analyses = _make_study_with_analyses(tmp_path, fail="02_weak_scaling_analysis")
+    assert run.returncode != 0
+    assert "failing 02_weak_scaling_analysis.ipynb" in run.stdout  # its log is shown
+    assert (out / "notebooks" / "01_strong_scaling_analysis.ipynb").exists()  # its partner finished
+    assert not (out / "notebooks" / "05_guidelines.ipynb").exists()  # nothing after the failed batch
+    assert "Report:" not in run.stdout
+
+
+def test_make_study_refuses_a_jobs_that_is_not_a_count(tmp_path):
+    run, out, _ = _make_study_with_analyses(tmp_path, jobs="two")
+    assert run.returncode != 0 and "JOBS is how many analysis notebooks run at once" in run.stderr
+    assert not (out / "notebooks").exists() or not list((out / "notebooks").glob("*.ipynb"))
+
+
 @pytest.mark.slow
 def test_the_papermill_example_of_docs_cluster_runs(tmp_path):
     """Issue 23: docs/cluster.md's papermill example named notebooks/*.ipynb, which are generated into
