@@ -127,9 +127,13 @@ class _LinkThread:
             self._free_at = due
             self._q.put((due, fut, value, on_delivered))
 
-    def close(self) -> None:
-        """End the thread once it has delivered what it holds (a worker group's next run makes its own)."""
+    def close(self, timeout_s: float = 10.0) -> None:
+        """End the thread once it has delivered what it holds (a worker group's next run makes its own), and
+        wait for it: no future of the run completes, and no callback of its DDP reducer runs, after the run
+        has released its process group."""
         self._q.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
 
     def _run(self) -> None:
         while True:

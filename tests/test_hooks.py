@@ -50,6 +50,16 @@ def test_link_thread_delivers_one_message_at_a_time():
     # (due times are fixed when handed over, so a late wake-up of one message does not delay the next: the
     # gaps between arrivals jitter, e.g. 51.3 ms then 48.7 ms, while the arrival times never come early)
     assert all(t >= (i + 1) * 0.05 - 1e-3 for i, t in arrived), arrived
+    link.close()
+    assert not link._thread.is_alive()  # closed means gone, not left idle in the process
+
+
+def test_link_thread_close_delivers_what_it_holds_first():
+    link = hooks._LinkThread()
+    fut = torch.futures.Future()
+    link.deliver(0.05, fut, "late", lambda: None)
+    link.close()
+    assert fut.done() and fut.value() == "late" and not link._thread.is_alive()
 
 
 def test_powersgd_messages_follow_torchs_compression_rule():
