@@ -168,8 +168,7 @@ class LBFGS(Optimizer):
                 old_dirs, old_stps, ro = [], [], []
                 H_diag = 1
             else:
-                y = flat_grad.sub(prev_flat_grad)
-                s = d.mul(t)
+                y, s = flat_grad.sub(prev_flat_grad), d.mul(t)
                 ys = ops.dot(y, s)
                 if ys > tolerance_ys:
                     if len(old_dirs) == history_size:
@@ -180,16 +179,7 @@ class LBFGS(Optimizer):
                     old_stps.append(s)
                     ro.append(1.0 / ys)
                     H_diag = ys / ops.dot(y, y)
-                num_old = len(old_dirs)
-                al = [None] * num_old
-                q = flat_grad.neg()
-                for i in range(num_old - 1, -1, -1):
-                    al[i] = ops.dot(old_stps[i], q) * ro[i]
-                    q.add_(old_dirs[i], alpha=-al[i])
-                d = r = torch.mul(q, H_diag)
-                for i in range(num_old):
-                    be_i = ops.dot(old_dirs[i], r) * ro[i]
-                    r.add_(old_stps[i], alpha=al[i] - be_i)
+                d = _two_loop(ops, flat_grad, old_dirs, old_stps, ro, H_diag)
             if prev_flat_grad is None:
                 prev_flat_grad = flat_grad.clone(memory_format=torch.contiguous_format)
             else:
@@ -224,6 +214,20 @@ class LBFGS(Optimizer):
                      prev_flat_grad=prev_flat_grad, prev_loss=prev_loss)
         self.last_evals = current_evals
         return orig_loss
+
+
+def _two_loop(ops, flat_grad, old_dirs, old_stps, ro, H_diag):
+    """L-BFGS's two-loop recursion (torch's): the direction -H g from the curvature pairs kept in the history."""
+    al = [None] * len(old_dirs)
+    q = flat_grad.neg()
+    for i in range(len(old_dirs) - 1, -1, -1):
+        al[i] = ops.dot(old_stps[i], q) * ro[i]
+        q.add_(old_dirs[i], alpha=-al[i])
+    d = r = torch.mul(q, H_diag)
+    for i in range(len(old_dirs)):
+        be_i = ops.dot(old_dirs[i], r) * ro[i]
+        r.add_(old_stps[i], alpha=al[i] - be_i)
+    return d
 
 
 # -- the line search: torch's / pykan's, with the reductions of _Ops ----------------------------------------

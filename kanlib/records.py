@@ -944,6 +944,18 @@ def _rows(cls, skip=()) -> list[str]:
     return out
 
 
+def _doc(cls, first_paragraph: bool = False, join: bool = True) -> str:
+    """A record class's docstring as one markdown paragraph (its first only, or its lines kept, when asked)."""
+    doc = cls.__doc__.strip()
+    doc = doc.split("\n\n")[0] if first_paragraph else doc
+    return (doc.replace("\n    ", " ") if join else doc).replace("``", "`")
+
+
+def _table(cls, head: str = "field", skip: tuple = ()) -> list[str]:
+    """A markdown table of a record class's fields: name, type and meaning."""
+    return [f"| {head} | type | meaning |", "|---|---|---|", *_rows(cls, skip=skip)]
+
+
 def schema_markdown() -> str:
     """``docs/schema.md``, generated from :class:`Provenance`, :class:`RunRecord`, :class:`StepRow`,
     :class:`ManifestRow`, :class:`BenchRecord` and :class:`BenchRow` (``python -m kanlib.records >
@@ -972,12 +984,10 @@ def schema_markdown() -> str:
         "",
         f"## `{RECORD_NAME}`",
         "",
-        RunRecord.__doc__.strip().replace("\n    ", " ").replace("``", "`"),
+        _doc(RunRecord),
         "Every field of `kanlib.config.RunConfig` (see its field docstrings) is there too.",
         "",
-        "| field | type | meaning |",
-        "|---|---|---|",
-        *_rows(Provenance),
+        *_table(Provenance),
         *_rows(RunRecord, skip=("provenance", "config")),
         "",
         "Derived quantities (speedup, efficiency, Karp-Flatt serial fraction, exposed communication, bootstrap",
@@ -987,56 +997,44 @@ def schema_markdown() -> str:
         "",
         f"## `{STEPS_NAME}`",
         "",
-        StepRow.__doc__.strip().split("\n\n")[0].replace("\n    ", " ").replace("``", "`"),
+        _doc(StepRow, first_paragraph=True),
         "",
-        "| column | type | meaning |",
-        "|---|---|---|",
-        *_rows(StepRow),
+        *_table(StepRow, head="column"),
         "",
         f"## `<study>/{MANIFEST_NAME}`",
         "",
-        ManifestRow.__doc__.strip().replace("``", "`"),
+        _doc(ManifestRow, join=False),
         "",
-        "| field | type | meaning |",
-        "|---|---|---|",
-        *_rows(ManifestRow),
+        *_table(ManifestRow),
         "",
         f"## `<study>/{LAUNCHES_NAME}`",
         "",
-        LaunchRow.__doc__.strip().replace("``", "`").replace("\n    ", " "),
+        _doc(LaunchRow),
         "Each launch's folder `<study>/launches/<launch_id>/` holds `plan.json` (the runs handed to it, in order),",
         "`events.jsonl` (rank 0's `begin` and `end` of each run) and its logs (`launch.log`, `launch-node<i>.log`,",
         "`srun.log` or `slurm-<job>.log`); each run's part of them is copied into the run's own folder.",
         "",
-        "| field | type | meaning |",
-        "|---|---|---|",
-        *_rows(LaunchRow),
+        *_table(LaunchRow),
         "",
         f"## `<study>/{SWEEPS_NAME}`",
         "",
-        SweepRow.__doc__.strip().replace("``", "`").replace("\n    ", " "),
+        _doc(SweepRow),
         "",
-        "| field | type | meaning |",
-        "|---|---|---|",
-        *_rows(SweepRow),
+        *_table(SweepRow),
         "",
         f"## `{RECORD_NAME}` of a collective benchmark",
         "",
-        BenchRecord.__doc__.strip().replace("\n    ", " ").replace("``", "`"),
+        _doc(BenchRecord),
         "Every field of `kanlib.collbench.BenchConfig` is there too, and the provenance fields of a training run's",
         "record. `kanlib.records.check_bench_record` refuses a record whose rows are not finite and in range.",
         "",
-        "| field | type | meaning |",
-        "|---|---|---|",
-        *_rows(BenchRecord, skip=("provenance", "config")),
+        *_table(BenchRecord, skip=("provenance", "config")),
         "",
         "Each element of `rows`:",
         "",
-        BenchRow.__doc__.strip().replace("\n    ", " ").replace("``", "`"),
+        _doc(BenchRow),
         "",
-        "| field | type | meaning |",
-        "|---|---|---|",
-        *_rows(BenchRow),
+        *_table(BenchRow),
         "",
     ]
     return "\n".join(lines)

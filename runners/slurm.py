@@ -441,53 +441,7 @@ class AllocationJob(SlurmJob):
                          error=f"sbatch refused: {why}")
 
 
-def run_sweep_in_allocation(configs: list, *, launcher_opts: dict | None = None, timeout_s: float | None = None,
-                            skip_done: bool = True, max_restarts: int = 0, stream_output: bool = False,
-                            rerun_disturbed: bool = True):
-    """Run a sweep as one SLURM batch job: the job's script runs ``python -m runners.sweep --sweep=FILE`` on its
-    first node, which runs the worker groups as job steps of the allocation (each placement on as many of its
-    nodes as it needs). Follows the job's log to its end and returns a :class:`runners.sweep.SweepResult` from
-    the records and manifest rows the job wrote. ``launcher_opts``: the site settings of
-    :func:`allocation_script` (``nodes``, ``time_limit`` of the whole allocation, ...) and ``dry_run``."""
-    from runners.group import launch_dir
-    from runners.sweep import SweepResult, _unique, write_sweep
-    from runners.supervisor import read_record
-
-    opts = dict(launcher_opts or {})
-    configs = _unique(configs)
-    result = SweepResult()
-    todo = []
-    for cfg in configs:
-        done = read_record(cfg) if skip_done else None
-        if done is not None:
-            result.records.append(done)
-            result.skipped += 1
-        else:
-            todo.append(cfg)
-    if not todo:
-        return result
-    folder = launch_dir(todo[0], records.new_run_id()).replace(f"{os.sep}launches{os.sep}",
-                                                                f"{os.sep}{ALLOCATIONS_DIR}{os.sep}")
-    step_opts = {k: v for k, v in opts.items() if k in SrunJob.OPTIONS and k not in ("env", "python")}
-    sweep_file = os.path.join(os.path.abspath(folder), SWEEP_NAME)
-    site = {k: v for k, v in opts.items() if k in ALLOCATION_OPTS and k not in ("sbatch_args", "poll_s", "mode",
-                                                                                "dry_run")}
-    script = allocation_script(todo, ["{python}", "-m", "runners.sweep", f"--sweep={sweep_file}"],
-                               what=f"kanlib: one allocation for a sweep of {len(todo)} runs", **site)
-    job = AllocationJob(folder, script, sbatch_args=opts.get("sbatch_args", ()), poll_s=opts.get("poll_s", 0.5),
-                        label=f"a sweep of {len(todo)} runs")
-    if opts.get("dry_run"):
-        sys.stdout.write(f"# {job.script_path}\n{script}\n$ {shlex.join(job.command())}\n")
-        return result
-    os.makedirs(folder, exist_ok=True)
-    write_sweep(sweep_file, todo, launcher="slurm", launcher_opts=step_opts, timeout_s=timeout_s,
-                skip_done=skip_done, max_restarts=max_restarts, rerun_disturbed=rerun_disturbed)
-    before = {c.run_key(): read_record(c) for c in todo}
-    _follow_allocation(job, echo=None if stream_output else False)
-    return _collect(todo, before, job, result)
-
-
-def _follow_allocation(job: "AllocationJob", echo) -> None:
+def follow_allocation(job: "AllocationJob", echo) -> None:
     """Submit the allocation and follow its log until it ends (Ctrl-C or SIGTERM: scancel, which ends its steps
     gracefully: the sweep inside records them)."""
     from runners.supervisor import POLL_S, LogFollower
@@ -504,29 +458,6 @@ def _follow_allocation(job: "AllocationJob", echo) -> None:
         follow.pump(final=True)
         raise
     follow.pump(final=True)
-
-
-def _collect(configs: list, before: dict, job: "AllocationJob", result):
-    """The sweep's result from what the allocation left: fresh records, else the run's last manifest row."""
-    from runners.supervisor import read_record
-
-    for cfg in configs:
-        rec, old = read_record(cfg), before.get(cfg.run_key())
-        if rec is not None and (old is None or rec.get("run_id") != old.get("run_id")):
-            result.records.append(rec)
-            continue
-        rows, _ = records.read_manifest_rows(records.manifest_path(cfg.out_dir, cfg.study))
-        mine = [r for r in rows if r.get("run_key") == cfg.run_key()]
-        if mine and mine[-1].get("status") != "ok":
-            result.failures.append((cfg, f"{mine[-1]['status']}: {mine[-1].get('error', '')}"))
-        else:
-            result.failures.append((cfg, f"failed: {job.describe()} ended {job.state or 'without a state'} "
-                                         f"before this run ended"))
-    print(f"sweep: {len(result.records)} ok ({result.skipped} already done), {len(result.failures)} failed, "
-          f"one allocation ({job.describe()})")
-    for cfg, msg in result.failures:
-        print(f"FAILED {cfg.run_key()}: {msg.splitlines()[0]}")
-    return result
 
 
 # -- one allocation for a whole study (make study PARAMS_SET=gpu_cluster) --------------------------------------
@@ -580,7 +511,7 @@ def study_allocation(params_dir: str, out: str, make_args: list[str], *, dry_run
         sys.stdout.write(f"# {job.script_path}\n{script}\n$ {shlex.join(job.command())}\n")
         return 0
     os.makedirs(folder, exist_ok=True)
-    _follow_allocation(job, echo=None)
+    follow_allocation(job, echo=None)
     print(f"kanlib: {job.describe()} ended {job.state}; its log: {job.log_paths()[0]}")
     return 0 if job.state in (None, "COMPLETED") else 1
 

@@ -16,7 +16,7 @@ left to the end, then waited for (saying who holds it) and skipped if that proce
 
 On SLURM (``launcher="slurm"``): inside an allocation (``salloc``, a batch script) each worker group is a
 job step; outside one, the whole sweep is submitted as one batch job whose steps are the worker groups
-(:func:`runners.slurm.run_sweep_in_allocation`), unless ``launcher_opts["mode"] == "per_run"`` (one batch
+(:func:`run_sweep_in_allocation`), unless ``launcher_opts["mode"] == "per_run"`` (one batch
 job per run).
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import sys
 import time
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from kanlib import records
 from kanlib.config import ConfigError, group_key
 from runners.command import check_environment, check_timeout
-from runners.group import groups_of, run_group
+from runners.group import groups_of, launch_dir, run_group
 from runners.launch import effective_launcher, make_job, read_record, refused
 from runners.supervisor import RunLock
 
@@ -86,7 +87,7 @@ def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | N
     check_timeout(timeout_s)
     opts = dict(launcher_opts or {})
     if launcher == "slurm" and opts.get("mode", "allocation") == "allocation":
-        from runners.slurm import inside_allocation, run_sweep_in_allocation
+        from runners.slurm import inside_allocation
 
         if not inside_allocation():
             return run_sweep_in_allocation(configs, launcher_opts=opts, timeout_s=timeout_s, skip_done=skip_done,
@@ -333,7 +334,74 @@ def _sigterm_interrupts():
         signal.signal(signal.SIGTERM, prev)
 
 
-# -- a sweep from a file (what a SLURM allocation runs: runners.slurm.run_sweep_in_allocation) -------------
+# -- one SLURM allocation for a sweep ------------------------------------------------------------------
+def run_sweep_in_allocation(configs: list, *, launcher_opts: dict | None = None, timeout_s: float | None = None,
+                            skip_done: bool = True, max_restarts: int = 0, stream_output: bool = False,
+                            rerun_disturbed: bool = True):
+    """Run a sweep as one SLURM batch job: the job's script runs ``python -m runners.sweep --sweep=FILE`` on its
+    first node, which runs the worker groups as job steps of the allocation (each placement on as many of its
+    nodes as it needs). Follows the job's log to its end and returns a :class:`runners.sweep.SweepResult` from
+    the records and manifest rows the job wrote. ``launcher_opts``: the site settings of
+    :func:`runners.slurm.allocation_script` (``nodes``, ``time_limit`` of the whole allocation, ...) and ``dry_run``."""
+    from runners.slurm import (ALLOCATION_OPTS, ALLOCATIONS_DIR, SWEEP_NAME, AllocationJob, SrunJob,
+                               allocation_script, follow_allocation)
+
+    opts = dict(launcher_opts or {})
+    configs = _unique(configs)
+    result = SweepResult()
+    todo = []
+    for cfg in configs:
+        done = read_record(cfg) if skip_done else None
+        if done is not None:
+            result.records.append(done)
+            result.skipped += 1
+        else:
+            todo.append(cfg)
+    if not todo:
+        return result
+    folder = launch_dir(todo[0], records.new_run_id()).replace(f"{os.sep}launches{os.sep}",
+                                                                f"{os.sep}{ALLOCATIONS_DIR}{os.sep}")
+    step_opts = {k: v for k, v in opts.items() if k in SrunJob.OPTIONS and k not in ("env", "python")}
+    sweep_file = os.path.join(os.path.abspath(folder), SWEEP_NAME)
+    site = {k: v for k, v in opts.items() if k in ALLOCATION_OPTS and k not in ("sbatch_args", "poll_s", "mode",
+                                                                                "dry_run")}
+    script = allocation_script(todo, ["{python}", "-m", "runners.sweep", f"--sweep={sweep_file}"],
+                               what=f"kanlib: one allocation for a sweep of {len(todo)} runs", **site)
+    job = AllocationJob(folder, script, sbatch_args=opts.get("sbatch_args", ()), poll_s=opts.get("poll_s", 0.5),
+                        label=f"a sweep of {len(todo)} runs")
+    if opts.get("dry_run"):
+        sys.stdout.write(f"# {job.script_path}\n{script}\n$ {shlex.join(job.command())}\n")
+        return result
+    os.makedirs(folder, exist_ok=True)
+    write_sweep(sweep_file, todo, launcher="slurm", launcher_opts=step_opts, timeout_s=timeout_s,
+                skip_done=skip_done, max_restarts=max_restarts, rerun_disturbed=rerun_disturbed)
+    before = {c.run_key(): read_record(c) for c in todo}
+    follow_allocation(job, echo=None if stream_output else False)
+    return _collect_allocation(todo, before, job, result)
+
+
+def _collect_allocation(configs: list, before: dict, job, result: "SweepResult") -> "SweepResult":
+    """The sweep's result from what the allocation left: fresh records, else the run's last manifest row."""
+    for cfg in configs:
+        rec, old = read_record(cfg), before.get(cfg.run_key())
+        if rec is not None and (old is None or rec.get("run_id") != old.get("run_id")):
+            result.records.append(rec)
+            continue
+        rows, _ = records.read_manifest_rows(records.manifest_path(cfg.out_dir, cfg.study))
+        mine = [r for r in rows if r.get("run_key") == cfg.run_key()]
+        if mine and mine[-1].get("status") != "ok":
+            result.failures.append((cfg, f"{mine[-1]['status']}: {mine[-1].get('error', '')}"))
+        else:
+            result.failures.append((cfg, f"failed: {job.describe()} ended {job.state or 'without a state'} "
+                                         f"before this run ended"))
+    print(f"sweep: {len(result.records)} ok ({result.skipped} already done), {len(result.failures)} failed, "
+          f"one allocation ({job.describe()})")
+    for cfg, msg in result.failures:
+        print(f"FAILED {cfg.run_key()}: {msg.splitlines()[0]}")
+    return result
+
+
+# -- a sweep from a file (what a SLURM allocation runs: run_sweep_in_allocation) --------------------------
 def write_sweep(path: str, configs: list, **options) -> None:
     """Write a sweep to run elsewhere: its configs (kind and fields) and :func:`run_sweep`'s options."""
     from kanlib import records

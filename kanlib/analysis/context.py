@@ -129,9 +129,37 @@ class Context:
         return self.cached("bench", self.records.bench)
 
     def link_fit(self, time_col: str | None = None) -> LinkFit:
-        """The link model fitted on the benchmark's ``time_col`` (default ``bench_time_col``), once."""
+        """The link model fitted on the benchmark's ``time_col`` (default ``bench_time_col``), once; a time the
+        benchmark does not have is refused."""
         time_col = time_col or self.bench_time_col
+        bench = self.bench()
+        if not bench.empty and time_col not in bench:
+            raise ValueError(f"bench_time_col: {time_col!r} is not a collbench column ({', '.join(BENCH_TIME_COLS)})")
         return self.cached(("link_fit", time_col), lambda: self._fit(time_col))
+
+    def comm_records(self) -> pd.DataFrame:
+        """The communication study's records with placements, and the emulated link's fields filled (0 = none),
+        once (kanlib.studies.communication and .calibration read them, and the model's own check)."""
+        def make():
+            recs = groups.with_placement(self.runs("communication").data)
+            for c in ("emulate_latency_s", "emulate_bandwidth_bytes_per_s"):
+                recs[c] = recs[c].fillna(0.0) if c in recs else 0.0
+            return recs
+
+        return self.cached(("communication", "records"), make)
+
+    def ddp_parity(self) -> pd.DataFrame:
+        """:func:`kanlib.analysis.commmodel.ddp_parity` of the communication study's runs with the link fit
+        (empty without benchmark fits or communication records), once."""
+        def make():
+            fits = self.link_fit().fits
+            try:
+                recs = self.comm_records()
+            except load.NoRecordsError:
+                return pd.DataFrame()
+            return commmodel.ddp_parity(recs, fits) if fits else pd.DataFrame()
+
+        return self.cached(("calibration", "ddp_parity", self.bench_time_col), make)
 
     def _fit(self, time_col: str) -> LinkFit:
         bench = self.bench()
@@ -292,10 +320,8 @@ def check_model(ctx: Context) -> ModelCheck:
         failed |= loo > tol
         why.append(f"leave-one-out median error {loo:.0%}")
     band = loo
-    from kanlib.studies import calibration  # the DDP model's leave-one-out parity (stragglers, contention)
-
     try:
-        val = calibration.validation(ctx)
+        val = commmodel.model_validation(ctx.ddp_parity())  # leave-one-out parity (stragglers, contention)
     except (load.NoRecordsError, KeyError, ValueError):
         val = None
     if val is not None and val.n_runs:

@@ -155,27 +155,7 @@ def published_comparison(profile: ComputeProfile | None = None, model: LinkModel
         {"quantity": "communication overhead (exposed / step)", "predicted": base["overhead_fraction"],
          "published": f"{PUBLISHED['overhead_fraction_min']:.1%}-{PUBLISHED['overhead_fraction_max']:.1%}"},
     ])
-    c = profile.seconds_per_sample_param
-    variants = {
-        "compute x0.5 (faster GPU kernels)": (replace(profile, seconds_per_sample_param=c / 2), model, True),
-        "compute x2 (slower kernels)": (replace(profile, seconds_per_sample_param=c * 2), model, True),
-        "inter-node latency x10": (profile, _scaled(model, "inter", alpha=10.0), True),
-        "inter-node latency x0.1": (profile, _scaled(model, "inter", alpha=0.1), True),
-        "inter-node bandwidth x0.5": (profile, _scaled(model, "inter", beta=2.0), True),
-        "inter-node bandwidth x2": (profile, _scaled(model, "inter", beta=0.5), True),
-        "no overlap with backward": (profile, model, False),
-        "tree instead of ring": (profile, tree, True),
-        "fixed 1 ms per step (serial part)": (replace(profile, fixed_s=profile.fixed_s + 1e-3), model, True),
-    }
-    drivers = []
-    for name, (prof, mdl, ovl) in variants.items():
-        r = at8(prof, mdl, ovl)
-        drivers.append({"assumption": name, "efficiency": r["efficiency"],
-                        "delta_efficiency": r["efficiency"] - base["efficiency"],
-                        "overhead_fraction": r["overhead_fraction"]})
-    drivers = pd.DataFrame(drivers)
-    order = drivers["delta_efficiency"].abs().sort_values(ascending=False).index
-    drivers = drivers.reindex(order).reset_index(drop=True)
+    drivers = _drivers(profile, model, tree, base, at8)
     implied = _implied_fixed_s(profile, model, pb, global_batch, bucket_cap_mb, PUBLISHED["efficiency"])
     comm_loss = 1 - base["efficiency"]  # compute scales perfectly in the model unless fixed_s > 0
     published_loss = 1 - PUBLISHED["efficiency"]
@@ -216,6 +196,32 @@ def published_comparison(profile: ComputeProfile | None = None, model: LinkModel
     return {"table": table, "drivers": drivers, "basis": basis, "implied_fixed_s": implied, "implied_cv": cv,
             "overhead_above_published": bool(base["overhead_fraction"] > PUBLISHED["overhead_fraction_max"]),
             "text": text}
+
+
+def _drivers(profile: ComputeProfile, model: LinkModel, tree: LinkModel, base: pd.Series, at8) -> pd.DataFrame:
+    """:func:`published_comparison`'s drivers: one assumption varied at a time (``at8`` predicts the published
+    placement), the change in predicted efficiency against ``base``, largest first."""
+    c = profile.seconds_per_sample_param
+    variants = {
+        "compute x0.5 (faster GPU kernels)": (replace(profile, seconds_per_sample_param=c / 2), model, True),
+        "compute x2 (slower kernels)": (replace(profile, seconds_per_sample_param=c * 2), model, True),
+        "inter-node latency x10": (profile, _scaled(model, "inter", alpha=10.0), True),
+        "inter-node latency x0.1": (profile, _scaled(model, "inter", alpha=0.1), True),
+        "inter-node bandwidth x0.5": (profile, _scaled(model, "inter", beta=2.0), True),
+        "inter-node bandwidth x2": (profile, _scaled(model, "inter", beta=0.5), True),
+        "no overlap with backward": (profile, model, False),
+        "tree instead of ring": (profile, tree, True),
+        "fixed 1 ms per step (serial part)": (replace(profile, fixed_s=profile.fixed_s + 1e-3), model, True),
+    }
+    drivers = []
+    for name, (prof, mdl, ovl) in variants.items():
+        r = at8(prof, mdl, ovl)
+        drivers.append({"assumption": name, "efficiency": r["efficiency"],
+                        "delta_efficiency": r["efficiency"] - base["efficiency"],
+                        "overhead_fraction": r["overhead_fraction"]})
+    drivers = pd.DataFrame(drivers)
+    order = drivers["delta_efficiency"].abs().sort_values(ascending=False).index
+    return drivers.reindex(order).reset_index(drop=True)
 
 
 def _scaled(model: LinkModel, link: str, alpha: float = 1.0, beta: float = 1.0) -> LinkModel:

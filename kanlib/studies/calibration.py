@@ -15,8 +15,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kanlib.analysis import commmodel, fmt, groups, load, style
-from kanlib.analysis.context import BENCH_TIME_COLS, Context, Goals, LinkFit
+from kanlib.analysis import commmodel, fmt, groups, style
+from kanlib.analysis.context import Context, Goals, LinkFit
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
 from kanlib.analysis.table import Table
@@ -35,25 +35,13 @@ TRANSFER_COLORS = {"transfer": "#555555", "waiting": "#bbbbbb"}
 def link_fit(ctx: Context, time_col: str | None = None) -> LinkFit:
     """The folder's link model fitted on the benchmark's ``time_col`` (default: the context's), once per build;
     a time the benchmark does not have is refused."""
-    time_col = time_col or ctx.bench_time_col
-    bench = ctx.bench()
-    if not bench.empty and time_col not in bench:
-        raise ValueError(f"bench_time_col: {time_col!r} is not a collbench column ({', '.join(BENCH_TIME_COLS)})")
     return ctx.link_fit(time_col)
 
 
 def ddp_parity(ctx: Context) -> pd.DataFrame:
     """:func:`kanlib.analysis.commmodel.ddp_parity` of the communication study's runs with the folder's link fit
-    (empty without benchmark fits or communication records), once per build."""
-    def make():
-        fits = link_fit(ctx).fits
-        try:
-            recs = communication.records_of(ctx)
-        except load.NoRecordsError:
-            return pd.DataFrame()
-        return commmodel.ddp_parity(recs, fits) if fits else pd.DataFrame()
-
-    return ctx.cached((NAME, "ddp_parity", ctx.bench_time_col), make)
+    (empty without benchmark fits or communication records), once per build (:meth:`Context.ddp_parity`)."""
+    return ctx.ddp_parity()
 
 
 def validation(ctx: Context) -> commmodel.ModelValidation:

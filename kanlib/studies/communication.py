@@ -144,13 +144,7 @@ def option_label(opts: dict, bucket_cap_mb: float, powersgd_rank: int | None = N
 
 def records_of(ctx: Context) -> pd.DataFrame:
     """The study's records with placements, and the emulated link's fields filled (0 = none), once per build."""
-    def make():
-        recs = groups.with_placement(ctx.runs(RECORDS).data)
-        for c in ("emulate_latency_s", "emulate_bandwidth_bytes_per_s"):
-            recs[c] = recs[c].fillna(0.0) if c in recs else 0.0
-        return recs
-
-    return ctx.cached((NAME, "records"), make)
+    return ctx.comm_records()
 
 
 def table_of(ctx: Context) -> Table:
