@@ -545,7 +545,7 @@ def _records_html(analyses: dict[str, StudyAnalysis], report_dir: str, bench: pd
     """Every record, linked, per study; and the collective benchmark's."""
     parts = []
     for study, a in _with_records(analyses):
-        label = studies.sections()[study][0].record_label
+        label = getattr(studies.sections()[study][0], "record_label", lambda row: "")
         items = []
         for _, row in groups.with_placement(a.records).iterrows():
             rel = os.path.relpath(row["record_path"], report_dir)

@@ -11,8 +11,8 @@ Every module has the same names:
   :class:`kanlib.analysis.context.Context` (records read once, the link model fitted once, tables made once);
   ``display_table(table)``: the table as a reader needs it; ``finding(section_analysis) -> list[dict]``: the
   report's findings rows; ``guideline(ctx, goals) -> (rows, sentences)``: its deployment guidelines.
-- A module whose section has records also has ``record_label(row)``: what names one record in the report's list
-  besides model, widths, batch, placement and repeat.
+- A module whose section has records may have ``record_label(row)``: what names one record in the report's list
+  besides model, widths, batch, placement and repeat (nothing when it has none).
 
 A new study is a module here (added to :data:`STUDIES`), its launch and analysis notebooks, its parameter file
 and its config builder in runners/plans.py.

@@ -228,6 +228,7 @@ def record_label(row) -> str:
     and bucket size."""
     return f" {row.get('comm_hook', '')} {row.get('bucket_cap_mb', '')} MiB"
 
+
 def display_table(t: Table) -> pd.DataFrame:
     """Per point: step with and without the network, the hook's total, the exposed part and its share, overlap."""
     d = t.data

@@ -195,10 +195,6 @@ def analyze(ctx: Context) -> StudyAnalysis:
     return a
 
 
-def record_label(row) -> str:
-    """What names one record in the report's list besides model, widths, batch, placement and repeat: nothing."""
-    return ""
-
 def display_table(t: Table) -> pd.DataFrame:
     """Per kernel and placement: step time, kernel and DDP speedups, their product beside the measured
     combination, and each kernel's efficiency beside the baseline kernel's."""

@@ -255,10 +255,6 @@ def analyze(ctx: Context) -> StudyAnalysis:
     return a
 
 
-def record_label(row) -> str:
-    """What names one record in the report's list besides model, widths, batch, placement and repeat: nothing."""
-    return ""
-
 def display_table(t: Table) -> pd.DataFrame:
     """Per size: parameters, step time, peak memory, parameters per byte, time per parameter."""
     d = t.data

@@ -212,10 +212,6 @@ def analyze(ctx: Context) -> StudyAnalysis:
     return a
 
 
-def record_label(row) -> str:
-    """What names one record in the report's list besides model, widths, batch, placement and repeat: nothing."""
-    return ""
-
 def display_table(t: Table) -> pd.DataFrame:
     """The table as a reader needs it: step time in ms, speedup as x, efficiency in %, 95% intervals in brackets."""
     d = t.data

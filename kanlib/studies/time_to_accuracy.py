@@ -304,10 +304,6 @@ def analyze(ctx: Context) -> StudyAnalysis:
     return a
 
 
-def record_label(row) -> str:
-    """What names one record in the report's list besides model, widths, batch, placement and repeat: nothing."""
-    return ""
-
 def display_table(t: Table) -> pd.DataFrame:
     """Per series and placement: runs that reached the target, steps, samples and time to it, both speedups,
     statistical efficiency (weak series) and the final validation loss."""

@@ -152,10 +152,6 @@ def analyze(ctx: Context) -> StudyAnalysis:
     return a
 
 
-def record_label(row) -> str:
-    """What names one record in the report's list besides model, widths, batch, placement and repeat: nothing."""
-    return ""
-
 def display_table(t: Table) -> pd.DataFrame:
     """Throughput with its interval, per process, and both weak-scaling efficiencies in %."""
     d = t.data
