@@ -272,7 +272,9 @@ def test_a_grid_update_before_the_first_step_is_what_hurt_lbfgs():
         at_zero, out_zero = _lbfgs_fit(seed, range(0, 20, 5))
         ours, out_ours = _lbfgs_fit(seed, schedule)
         assert out_zero > 0.3 and out_none < 0.2 and out_ours == out_none, (out_zero, out_none, out_ours)
-        assert at_zero > 2.5 * none, (seed, at_zero, none)
+        # worse by 9.3x and 2.4-2.5x here (seeds 0, 1; seed 1 moved between 2.40x and 2.46x run to run), where the
+        # issue measured 1.3-3.6x: the margin is the cause's, not one host's rounding
+        assert at_zero > 1.5 * none and at_zero > 1.5 * ours, (seed, at_zero, none, ours)
         assert ours < 1.5 * none, (seed, ours, none)
 
 
