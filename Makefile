@@ -40,7 +40,9 @@ PARAMS ?=
 # about 10 minutes; the notebooks' own defaults are tiny (CI runs them under nbval); PARAMS_SET=gpu_cluster
 # for a GPU cluster; PARAMS_SET= for the notebooks' defaults.
 PARAMS_SET ?= study
-# Analysis notebooks run this many at a time, after every launch notebook has finished (nothing they do is timed).
+# Analysis notebooks run this many at a time, after every launch notebook has finished (nothing they do is timed),
+# each started 3 s after the one before; one whose kernel did not start runs again (two kernels starting at once
+# can pick the same free port: jupyter_client's ports are chosen before the kernel binds them).
 JOBS ?= 2
 LAB_PORT ?= 8888
 # Extra JupyterLab arguments, e.g. LAB_ARGS=--ServerApp.token=secret
@@ -74,8 +76,15 @@ study: notebooks
 	  fi; \
 	  $(PAPERMILL) -p out_dir "$$out" "$$@" $(PARAMS) "$(NB_BUILD)/$$nb.ipynb" "$$out/notebooks/$$nb.ipynb"; \
 	}; \
+	nbretry() { \
+	  grep -q "Kernel died before replying to kernel_info" "$$out/notebooks/$$nb.log" || return 1; \
+	  echo "== $$nb: its kernel did not start (a port taken by the kernel starting beside it); running it again"; \
+	  nbrun; \
+	}; \
 	flush() { \
-	  pids=; for a in $$batch; do (nb=$$a; nbrun) > "$$out/notebooks/$$a.log" 2>&1 & pids="$$pids $$!"; done; \
+	  pids=; i=0; for a in $$batch; do \
+	    (nb=$$a; sleep $$((i * 3)); nbrun || nbretry) > "$$out/notebooks/$$a.log" 2>&1 & pids="$$pids $$!"; i=$$((i + 1)); \
+	  done; \
 	  failed=; for p in $$pids; do wait $$p || failed=1; done; \
 	  for a in $$batch; do echo "== $$a"; cat "$$out/notebooks/$$a.log"; rm -f "$$out/notebooks/$$a.log"; done; \
 	  batch=; n=0; [ -z "$$failed" ]; \
