@@ -37,8 +37,9 @@ ranks is ``(1 + gamma) M_W + sync_s + per_bucket_s n_buckets + X`` - the median 
 (kanlib.analysis.straggler, from the no-op twins' per-rank step times at the run's placement), slowed by the
 contention that real communication adds on shared cores (:data:`CONTENTION_TERMS`), plus the transfer backward does
 not hide; the contention is fitted on the other runs, so every run is predicted by a model fitted without it.
-``model_validation(ddp_parity(records, fits))`` (or ``model_validation(records, fits)``) returns the median |leave-one-out error| of step and exposed communication
-and ``.ok`` when within 10% / 25%; guidance and extrapolation use the model only then.
+``model_validation(ddp_parity(records, fits))`` (or ``model_validation(records, fits)``) returns the median
+|leave-one-out error| of step and exposed communication and ``.ok`` unless a median's whole bootstrap interval lies
+beyond 10% / 25%; guidance and extrapolation use the model only then.
 
 **Extrapolation** (:func:`predict_scaling`, :func:`extrapolation_table`, :func:`ring_tree_crossover`,
 :func:`sizes_above`): step time, efficiency and exposed communication from 1 to thousands of GPUs for
@@ -60,6 +61,7 @@ import pandas as pd
 
 from kanlib.analysis import straggler
 from kanlib.analysis.groups import hashable
+from kanlib.analysis.stats import bootstrap_ci
 
 ALGOS = ("ring", "tree")
 LINKS = ("intra", "inter")
@@ -823,8 +825,11 @@ def fitted_contention(parity: pd.DataFrame) -> dict:
 @dataclass(frozen=True)
 class ModelValidation:
     """How well the model predicts the DDP runs it was not fitted on (:func:`model_validation`): the median
-    |leave-one-out error| of the step time and of the exposed communication, and whether each is within its
-    margin. ``ok`` is False without any predicted run (a model never checked is not validated)."""
+    |leave-one-out error| of the step time and of the exposed communication with the low end of each median's
+    bootstrap 95% interval, and whether each is within its margin. A median is judged as every decision is, on its
+    interval: it fails only when the whole interval lies beyond the margin (a median of 11% whose interval reaches
+    down to 8% is "not beyond" a 10% margin), so a check does not flip between two runs of one study on noise alone.
+    ``ok`` is False without any predicted run (a model never checked is not validated)."""
 
     n_runs: int
     step_median_abs_err: float
@@ -834,14 +839,30 @@ class ModelValidation:
     exposed_margin: float = EXPOSED_MARGIN
     step_max_abs_err: float = math.nan
     """The largest |leave-one-out error| of the step time (the extrapolation's band uses it)."""
+    step_median_lo: float = math.nan
+    """The low end of the step median's bootstrap 95% interval (NaN: judged on the median alone)."""
+    exposed_median_lo: float = math.nan
+    """The low end of the exposed median's bootstrap 95% interval (NaN: judged on the median alone)."""
+
+    @staticmethod
+    def _judge(median: float, lo: float, margin: float) -> str:
+        """``within`` (median within the margin), ``not beyond`` (the median beyond it, its interval not) or
+        ``NOT within`` (the whole interval beyond it, or no number)."""
+        if not np.isfinite(median):
+            return "NOT within"
+        if median <= margin:
+            return "within"
+        return "not beyond" if np.isfinite(lo) and lo <= margin else "NOT within"
 
     @property
     def step_ok(self) -> bool:
-        return self.n_runs > 0 and self.step_median_abs_err <= self.step_margin
+        return self.n_runs > 0 and self._judge(self.step_median_abs_err, self.step_median_lo,
+                                               self.step_margin) != "NOT within"
 
     @property
     def exposed_ok(self) -> bool:
-        return self.n_runs > 0 and self.exposed_median_abs_err <= self.exposed_margin
+        return self.n_runs > 0 and self._judge(self.exposed_median_abs_err, self.exposed_median_lo,
+                                               self.exposed_margin) != "NOT within"
 
     @property
     def ok(self) -> bool:
@@ -851,18 +872,19 @@ class ModelValidation:
     def sentence(self) -> str:
         if not self.n_runs:
             return "The model is not validated: no timed DDP run with a no-op twin to predict."
+        step = self._judge(self.step_median_abs_err, self.step_median_lo, self.step_margin)
+        exposed = self._judge(self.exposed_median_abs_err, self.exposed_median_lo, self.exposed_margin)
         return (f"Leave-one-out over {self.n_runs} DDP runs: median |error| of the step time "
-                f"{self.step_median_abs_err:.0%} (margin {self.step_margin:.0%}: "
-                f"{'within' if self.step_ok else 'NOT within'}), "
+                f"{self.step_median_abs_err:.0%} (margin {self.step_margin:.0%}: {step}), "
                 f"of the exposed communication {self.exposed_median_abs_err:.0%} (margin {self.exposed_margin:.0%}: "
-                f"{'within' if self.exposed_ok else 'NOT within'}); waiting share off by "
-                f"{self.waiting_share_median_abs_err * 100:.0f} points (median).")
+                f"{exposed}); waiting share off by {self.waiting_share_median_abs_err * 100:.0f} points (median).")
 
     def as_dict(self) -> dict:
         return {"n_runs": self.n_runs, "step_median_abs_err": self.step_median_abs_err,
                 "exposed_median_abs_err": self.exposed_median_abs_err,
                 "waiting_share_median_abs_err": self.waiting_share_median_abs_err, "step_margin": self.step_margin,
                 "exposed_margin": self.exposed_margin, "step_max_abs_err": self.step_max_abs_err,
+                "step_median_lo": self.step_median_lo, "exposed_median_lo": self.exposed_median_lo,
                 "step_ok": self.step_ok, "exposed_ok": self.exposed_ok, "ok": self.ok}
 
 
@@ -878,10 +900,11 @@ def model_validation(parity_or_records: pd.DataFrame, fits: dict[tuple, CollFit]
     if d.empty:
         return ModelValidation(0, math.nan, math.nan, math.nan, step_margin, exposed_margin)
     ws = d["waiting_share_err"].abs() if "waiting_share_err" in d else pd.Series(dtype=float)
-    return ModelValidation(int(len(d)), float(d["step_rel_err"].abs().median()),
-                           float(d["exposed_rel_err"].abs().median()),
+    step, exposed = d["step_rel_err"].abs(), pd.to_numeric(d["exposed_rel_err"], errors="coerce").abs()
+    return ModelValidation(int(len(d)), float(step.median()), float(exposed.median()),
                            float(ws.median()) if ws.notna().any() else math.nan, step_margin, exposed_margin,
-                           float(d["step_rel_err"].abs().max()))
+                           float(step.max()), bootstrap_ci(step.to_numpy(float))[0],
+                           bootstrap_ci(exposed.to_numpy(float))[0])
 
 
 # -- compute profiles and extrapolation ---------------------------------------------------------------------

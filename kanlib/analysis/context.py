@@ -290,6 +290,15 @@ class ModelCheck:
         return f"the link model is not checked ({self.why}): it is not used for guidance or extrapolation"
 
 
+def _judged(median: float, lo: float, margin: float) -> str:
+    """What a check's sentence adds when a median is beyond its margin: whether its interval is too."""
+    if not np.isfinite(median) or median <= margin:
+        return ""
+    if np.isfinite(lo) and lo <= margin:
+        return f": not beyond it, its interval reaches down to {lo:.0%}"
+    return ": beyond it"
+
+
 def check_model(ctx: Context) -> ModelCheck:
     """The one rule: the link model fitted on the collective benchmark is used for guidance or extrapolation only
     when its own validation passes: the known signal (each injected emulated constant recovered within
@@ -297,7 +306,10 @@ def check_model(ctx: Context) -> ModelCheck:
     ``calibration_tolerance``) and leave-one-out parity against the study's DDP runs (the model with stragglers
     and contention, :func:`kanlib.analysis.commmodel.model_validation`: median |error| of the step within 10%, of
     the exposed communication within 25%); the band that travels with a prediction is the largest leave-one-out
-    step error. A check the data do not allow is named, not passed."""
+    step error. Each median is judged on its bootstrap 95% interval, as every decision is: it fails the check only
+    when its whole interval lies beyond the tolerance (the benchmark's leave-one-out median moved between 13% and 22%
+    over four runs of the default study, so a bare 20% cut decided the check by chance). A check the data do
+    not allow is named, not passed."""
     fit = ctx.link_fit()
     if fit.fits is None:
         return ModelCheck("not checked", fit.error or "no collective-benchmark records")
@@ -315,10 +327,13 @@ def check_model(ctx: Context) -> ModelCheck:
     if rec.empty:
         why.append("no known signal (no emulated link)")
     pts = commmodel.fit_points(fit.fits)
-    loo = float(pts["loo_rel_err"].abs().median()) if len(pts) else float("nan")
-    if np.isfinite(loo):
-        failed |= loo > tol
-        why.append(f"leave-one-out median error {loo:.0%}")
+    errs = pts["loo_rel_err"].abs().to_numpy(float) if len(pts) else np.array([])
+    loo, lo, hi = stats.median_ci(errs) if np.isfinite(errs).any() else (float("nan"),) * 3
+    if np.isfinite(loo):  # judged on its interval, as every decision is: beyond only when all of it is
+        failed |= not (lo <= tol)
+        why.append(f"leave-one-out median error {loo:.0%} [{lo:.0%}, {hi:.0%}]"
+                   + (" (beyond the tolerance)" if not lo <= tol else
+                      " (not beyond the tolerance)" if loo > tol else ""))
     band = loo
     try:
         val = commmodel.model_validation(ctx.ddp_parity())  # leave-one-out parity (stragglers, contention)
@@ -327,8 +342,10 @@ def check_model(ctx: Context) -> ModelCheck:
     if val is not None and val.n_runs:
         failed |= not val.ok
         why.append(f"DDP parity, leave-one-out over {val.n_runs} runs: median |error| of the step "
-                   f"{val.step_median_abs_err:.0%} (margin {val.step_margin:.0%}), of the exposed communication "
-                   f"{val.exposed_median_abs_err:.0%} (margin {val.exposed_margin:.0%})")
+                   f"{val.step_median_abs_err:.0%} (margin {val.step_margin:.0%}"
+                   f"{_judged(val.step_median_abs_err, val.step_median_lo, val.step_margin)}), of the exposed "
+                   f"communication {val.exposed_median_abs_err:.0%} (margin {val.exposed_margin:.0%}"
+                   f"{_judged(val.exposed_median_abs_err, val.exposed_median_lo, val.exposed_margin)})")
         band = max(val.step_median_abs_err, val.step_max_abs_err if np.isfinite(val.step_max_abs_err) else 0.0)
     else:
         why.append("no DDP run to check parity on")
