@@ -3,10 +3,11 @@
 ``python -m kanlib.collbench --key=value ...`` is a torchrun entry point (every
 :class:`BenchConfig` field is a ``--key=value``). For each message size from ``min_bytes`` to
 ``max_bytes`` (times ``size_factor`` each step, ``max_bytes`` always included) every rank runs
-``warmup_iters`` untimed and ``iters`` timed all-reduces (sum) of a ``dtype`` tensor; before each
-one all ranks meet at a barrier, so the time is the transfer itself, not a rank arriving late (the
-DDP hook's time includes that wait; kanlib.analysis.commmodel splits the two). Per size, with nccl-tests'
-definitions:
+``warmup_iters`` untimed and then timed all-reduces (sum) of a ``dtype`` tensor, ``iters`` timed ones per size
+split over ``rounds`` sweeps of the sizes (a burst of load on a shared host then lands on several windows of a
+size far apart, not on one, and the lower quantiles read a quiet one); before each one all ranks meet at a
+barrier, so the time is the transfer itself, not a rank arriving late (the DDP hook's time includes that wait;
+kanlib.analysis.commmodel splits the two). Per size, with nccl-tests' definitions:
 
 - ``time_s``: the median over iterations of the maximum over ranks of one all-reduce
   (``time_s_p10`` / ``time_s_p90``: its 10th / 90th percentiles);
@@ -88,9 +89,12 @@ class BenchConfig(Config):
     size_factor: int = 2
     """Each message is this many times the previous one (nccl-tests' ``-f``); max_bytes is always run."""
     iters: int = 20
-    """Timed all-reduces per size."""
+    """Timed all-reduces per size (over all rounds)."""
     warmup_iters: int = 5
-    """Untimed all-reduces per size before the timed ones (connection set-up, caches)."""
+    """Untimed all-reduces per size before the timed ones of each round (connection set-up, caches)."""
+    rounds: int = 2
+    """Sweeps over the sizes, ``iters`` split between them: on a shared machine a burst of load then hits each
+    size in several short windows far apart instead of one, and the lower quantiles read a quiet one."""
     dtype: DType = "float32"
     """Element type of the all-reduced tensor (float32 for gradients; bfloat16 / float16 for compressed ones)."""
     nccl_algo: str = ""
@@ -103,7 +107,7 @@ class BenchConfig(Config):
     """Emulated inter-node link bandwidth (bytes/s); only for nnodes > 1 (0 = no limit)."""
 
     def validate(self) -> None:
-        check_at_least(self, 1, "nnodes", "nproc_per_node", "threads", "iters", "min_bytes", "max_bytes")
+        check_at_least(self, 1, "nnodes", "nproc_per_node", "threads", "iters", "rounds", "min_bytes", "max_bytes")
         check_at_least(self, 0, "repeat", "seed", "warmup_iters")
         check_positive(self, "pg_timeout_s")
         check_non_negative(self, "emulate_latency_s", "emulate_bandwidth_bytes_per_s")
@@ -114,6 +118,8 @@ class BenchConfig(Config):
             raise ConfigError(f"max_bytes: {self.max_bytes} is smaller than min_bytes={self.min_bytes}")
         if self.size_factor < 2:
             raise ConfigError(f"size_factor: must be at least 2, got {self.size_factor!r}")
+        if self.rounds > self.iters:
+            raise ConfigError(f"rounds: {self.rounds} is more than iters={self.iters} (each round times at least one)")
         check_nccl(self)
 
     @property
@@ -253,7 +259,6 @@ def _bench(cfg: BenchConfig, group, run_dir: str, debug_path, nccl: bool, starte
     import torch
 
     from kanlib import distributed, records
-    from kanlib.hooks import emulated_allreduce_s
 
     info = group.info
     if info.is_main:
@@ -266,24 +271,29 @@ def _bench(cfg: BenchConfig, group, run_dir: str, debug_path, nccl: bool, starte
         from kanlib.hooks import _spin_cycles_per_s
 
         cycles_per_s = _spin_cycles_per_s(info.device)
+    sizes = cfg.sizes()
+    local: dict[int, list[float]] = {size: [] for size in sizes}  # this rank's seconds per timed all-reduce
+    algo: dict[int, tuple] = {}
+    for r in range(cfg.rounds):  # iters split between the rounds: the first ones take the remainder
+        iters = cfg.iters // cfg.rounds + (1 if r < cfg.iters % cfg.rounds else 0)
+        for size in sizes:
+            t = torch.zeros(size // _DTYPE_BYTES[cfg.dtype], dtype=dtype, device=info.device)  # zeros: no overflow
+            offset = _file_size(debug_path) if info.is_main and debug_path and r == 0 else 0
+            local[size] += _time_allreduces(t, cfg, info, _delay(cfg, size, n), cycles_per_s, iters)
+            if info.is_main and debug_path and r == 0:  # the sizes' tuning choices, read as each first ran
+                _flush_c_stdio()
+                algo[size] = nccl_choice(parse_nccl_tuning(_read_from(debug_path, offset)), size)
+            del t
     rows = []
-    for size in cfg.sizes():
-        count = size // _DTYPE_BYTES[cfg.dtype]
-        t = torch.zeros(count, dtype=dtype, device=info.device)  # zeros: sums never overflow
-        delay = float(emulated_allreduce_s(size, n, cfg.emulate_latency_s, cfg.emulate_bandwidth_bytes_per_s)) \
-            if cfg.emulated_link else 0.0
-        offset = _file_size(debug_path) if info.is_main and debug_path else 0
-        local = _time_allreduces(t, cfg, info, delay, cycles_per_s)  # (iters,) s on this rank
-        per_iter = distributed.all_gather(torch.tensor(local, dtype=torch.float64), info).max(dim=0).values
+    for size in sizes:
+        per_iter = distributed.all_gather(torch.tensor(local[size], dtype=torch.float64), info).max(dim=0).values
         times = sorted(per_iter.tolist())
         median = _quantile(times, 0.5)
-        row = records.BenchRow(size, count, cfg.dtype, len(times), median, _quantile(times, 0.1),
-                               _quantile(times, 0.9), delay, size / median,
+        row = records.BenchRow(size, size // _DTYPE_BYTES[cfg.dtype], cfg.dtype, len(times), median,
+                               _quantile(times, 0.1), _quantile(times, 0.9), _delay(cfg, size, n), size / median,
                                size / median * (2 * (n - 1) / n if n > 1 else 0.0))
-        if info.is_main and debug_path:
-            _flush_c_stdio()
-            entries = parse_nccl_tuning(_read_from(debug_path, offset))
-            row.nccl_algo_used, row.nccl_proto_used = nccl_choice(entries, size)
+        if size in algo:
+            row.nccl_algo_used, row.nccl_proto_used = algo[size]
         rows.append(row)
     if not info.is_main:
         distributed.barrier(info)  # wait for rank 0's record before the group goes on
@@ -304,9 +314,18 @@ def _bench(cfg: BenchConfig, group, run_dir: str, debug_path, nccl: bool, starte
     return rec
 
 
-def _time_allreduces(t, cfg: BenchConfig, info, delay: float, cycles_per_s: float | None) -> list[float]:
-    """Seconds of each timed all-reduce of ``t`` on this rank (barrier before each; ``delay``: emulated
-    link seconds added to each)."""
+def _delay(cfg: BenchConfig, size: int, n: int) -> float:
+    """Seconds the emulated link adds to an all-reduce of ``size`` bytes over ``n`` ranks (0 without one)."""
+    from kanlib.hooks import emulated_allreduce_s
+
+    if not cfg.emulated_link:
+        return 0.0
+    return float(emulated_allreduce_s(size, n, cfg.emulate_latency_s, cfg.emulate_bandwidth_bytes_per_s))
+
+
+def _time_allreduces(t, cfg: BenchConfig, info, delay: float, cycles_per_s: float | None, iters: int) -> list[float]:
+    """Seconds of each of ``iters`` timed all-reduces of ``t`` on this rank, after ``cfg.warmup_iters`` untimed
+    ones (barrier before each; ``delay``: emulated link seconds added to each)."""
     import torch
     import torch.distributed as dist
 
@@ -314,7 +333,7 @@ def _time_allreduces(t, cfg: BenchConfig, info, delay: float, cycles_per_s: floa
 
     cuda = info.device.type == "cuda"
     out = []
-    for i in range(cfg.warmup_iters + cfg.iters):
+    for i in range(cfg.warmup_iters + iters):
         if info.distributed:
             dist.barrier()
         if cuda:

@@ -77,6 +77,7 @@ def test_config_round_trips_and_refuses_bad_values(tmp_path):
         (dict(max_bytes=4), "^max_bytes: 4 is smaller than min_bytes=8"),
         (dict(size_factor=1), "^size_factor: must be at least 2"),
         (dict(iters=0), "^iters: must be positive"),
+        (dict(rounds=11), "^rounds: 11 is more than iters=10"),
         (dict(nccl_algo="Tree"), "^nccl_algo: 'Tree' is an NCCL setting, but backend='gloo'"),
         (dict(nccl_proto="fast", backend="auto", device="auto"), "^nccl_proto: unknown value 'fast'"),
         (dict(emulate_latency_s=-1.0), "^emulate_latency_s: must be >= 0"),
@@ -177,7 +178,7 @@ def test_check_bench_record_names_what_is_wrong():
 # -- real runs ------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_two_process_sweep_writes_a_record_with_nccl_tests_definitions(tmp_path):
-    cfg = small(tmp_path)
+    cfg = small(tmp_path, rounds=3)  # 10 timed all-reduces per size in sweeps of 4, 3 and 3
     rec = launch_bench(cfg)
     assert check_bench_record(rec) is None
     assert rec["record_kind"] == "collbench" and rec["backend"] == "gloo" and rec["placement"] == "1x2"
