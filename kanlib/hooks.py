@@ -45,6 +45,7 @@ a 2x1 placement's communication grows by exactly that much while 1x2's (no emula
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -96,13 +97,17 @@ sleeping process wakes up a millisecond or two late (measured here: a 10 ms slee
 
 
 def sleep_until(deadline: float, spin_s: float = SPIN_S) -> None:
-    """Wait until ``time.perf_counter() >= deadline``: sleep until ``spin_s`` before it, then poll,
-    yielding the GIL on every poll (``time.sleep(0)``) so other Python threads keep running."""
+    """Wait until ``time.perf_counter() >= deadline``: sleep until ``spin_s`` before it, then poll, giving the
+    CPU away on every poll (``os.sched_yield``, which also releases the GIL), so this process's other threads
+    (gloo's, which finish sending what a peer waits for) run at once on a pinned rank's one CPU."""
     while True:
         left = deadline - time.perf_counter()
         if left <= 0:
             return
-        time.sleep(left - spin_s if left > spin_s else 0)
+        if left > spin_s:
+            time.sleep(left - spin_s)
+        else:
+            os.sched_yield()
 
 
 class _LinkThread:
