@@ -274,12 +274,15 @@ def combine_interference(per_rank: list[dict]) -> dict:
     Ranks of one host whose CPU sets overlap (unpinned ranks) are taken together: other processes' CPU time on
     their CPUs is the CPUs' busy time minus all those ranks' own. ``foreign_cpu_frac`` is that over the window's
     CPU time (window x CPUs), the largest over hosts and CPU sets; ``steal_frac`` the same for steal time;
-    ``runqueue_wait_frac`` the largest share of the window any rank's training thread waited runnable.
+    ``runqueue_wait_frac`` the largest share of the window any rank's training thread waited runnable;
+    ``foreign_wait_frac`` the largest part of such a wait other processes can explain (at most their CPU time on the
+    rank's CPUs: on a pinned rank's one CPU, their share of it).
     """
     gpu = _gpu_fields(per_rank)
     ranks = [r for r in per_rank if r and r.get("busy_s")]
     if not ranks or any(r.get("own_cpu_s") is None for r in ranks):
         return {**gpu, "foreign_cpu_frac": None, "steal_frac": None, "runqueue_wait_frac": None,
+                "foreign_wait_frac": None,
                 "involuntary_switches": max((r["nivcsw"] for r in per_rank if r), default=None),
                 "load_1m_start": per_rank[0].get("load_start") if per_rank and per_rank[0] else None,
                 "load_1m_end": per_rank[0].get("load_end") if per_rank and per_rank[0] else None,
@@ -289,17 +292,22 @@ def combine_interference(per_rank: list[dict]) -> dict:
         joined = [g for g in groups if g[0]["host"] == r["host"] and any(set(r["cpus"]) & set(x["cpus"]) for x in g)]
         merged = [r] + [x for g in joined for x in g]
         groups = [g for g in groups if g not in joined] + [merged]
-    foreign, steal = [], []
+    foreign, steal, explained = [], [], []
     for g in groups:
         cpus = sorted({c for r in g for c in r["cpus"]})
         busy = sum(max(r["busy_s"].get(c, 0.0) for r in g) for c in cpus)
         stolen = sum(max(r["steal_s"].get(c, 0.0) for r in g) for c in cpus)
-        capacity = max(r["window_s"] for r in g) * len(cpus)
-        if capacity > 0:
-            foreign.append(max(0.0, busy - sum(r["own_cpu_s"] for r in g)) / capacity)
-            steal.append(stolen / capacity)
+        window = max(r["window_s"] for r in g)
+        if window > 0:
+            other = max(0.0, busy - sum(r["own_cpu_s"] for r in g))  # other processes' CPU-s on these CPUs
+            foreign.append(other / (window * len(cpus)))
+            steal.append(stolen / (window * len(cpus)))
+            # a training thread waits behind other processes at most as long as they ran on the CPU it waited
+            # for: on a pinned rank's own CPU, their share of it; on a set of CPUs, all of theirs on one of them
+            explained += [min(r["main_wait_s"], other) / r["window_s"] for r in g if r["window_s"] > 0]
     return {**gpu, "foreign_cpu_frac": max(foreign) if foreign else None, "steal_frac": max(steal) if steal else None,
             "runqueue_wait_frac": max(r["main_wait_s"] / r["window_s"] for r in ranks if r["window_s"] > 0),
+            "foreign_wait_frac": max(explained) if explained else None,
             "involuntary_switches": max(r["nivcsw"] for r in ranks),
             "load_1m_start": ranks[0]["load_start"], "load_1m_end": ranks[0]["load_end"],
             "interference_window_s": max(r["window_s"] for r in ranks)}

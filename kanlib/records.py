@@ -365,6 +365,10 @@ class RunRecord:
     runqueue_wait_frac: float | None = field(default=None, metadata=_doc(
         "largest share of the measured window any rank's training thread waited runnable for a CPU "
         "(`/proc/self/task/*/schedstat`)"))
+    foreign_wait_frac: float | None = field(default=None, metadata=_doc(
+        "largest part of such a wait, as a share of the window, that other processes' CPU time on that rank's CPUs "
+        "can explain (on a pinned rank's one CPU: at most their share of it; the rest waited behind the rank's own "
+        "threads)"))
     involuntary_switches: int | None = field(default=None, metadata=_doc(
         "largest number of involuntary context switches of any rank's process during the measured steps"))
     load_1m_start: float | None = field(default=None, metadata=_doc("1-minute load average when the measured steps "
@@ -379,7 +383,7 @@ class RunRecord:
         "bits cleared; 0 none; null when unknown)"))
     earlier_attempts: list | None = field(default=None, metadata=_doc(
         "earlier complete attempts of this run that were set aside (a disturbed run rerun by the sweep): each "
-        "`{run_id, step_time_s, foreign_cpu_frac, runqueue_wait_frac, disturbed}`; their records are kept in "
+        "`{run_id, step_time_s, foreign_cpu_frac, runqueue_wait_frac, foreign_wait_frac, disturbed}`; their records are kept in "
         "`attempts/`"))
 
     def to_dict(self) -> dict:
@@ -397,8 +401,9 @@ ATTEMPTS_DIR = "attempts"
 DISTURBED_FOREIGN_CPU_FRAC = 0.10
 """A run is disturbed when other processes took more than this share of its CPUs' time during its measured steps."""
 DISTURBED_RUNQUEUE_WAIT_FRAC = 0.10
-"""... or any rank's training thread waited runnable for a CPU more than this share of the measured window, counting
-at most twice the share other processes took of its CPUs (the rest of a wait is behind its own threads)."""
+"""... or any rank's training thread waited runnable for a CPU more than this share of the measured window behind
+other processes (``foreign_wait_frac``: at most their CPU time on its CPUs; the rest of a wait is behind its own
+threads)."""
 MIN_INTERFERENCE_CPU_S = 0.2
 """The per-CPU counters tick every 10 ms: below this much window x CPUs (20 ticks, a share resolved to 5%, half the
 thresholds) their share is too coarse to judge. At 0.5, the default study's shortest 2-process runs (36 steps of
@@ -416,10 +421,13 @@ def disturbance(rec: dict) -> str:
     if _finite(foreign) and foreign > DISTURBED_FOREIGN_CPU_FRAC and window * n_cpus >= MIN_INTERFERENCE_CPU_S:
         why.append(f"other processes took {foreign:.0%} of its CPUs")
     # a training thread also waits behind its own process's threads (gloo's, a timed hook's with many small
-    # buckets: 13-18% on a quiet machine): only the part other processes' CPU time can explain counts
-    # (where the per-CPU counters are too coarse to say, the wait alone decides)
+    # buckets: 10-18% on a quiet machine): only the part other processes' CPU time can explain counts; where the
+    # per-CPU counters are too coarse to say, the wait alone decides. Records before foreign_wait_frac bound it by
+    # twice foreign_cpu_frac.
     judged = _finite(foreign) and window * n_cpus >= MIN_INTERFERENCE_CPU_S
-    explained = min(wait, 2 * foreign) if judged and _finite(wait) else wait
+    bound = rec.get("foreign_wait_frac") if _finite(rec.get("foreign_wait_frac")) else (
+        2 * foreign if _finite(foreign) else None)
+    explained = min(wait, bound) if judged and _finite(wait) and bound is not None else wait
     if _finite(explained) and explained > DISTURBED_RUNQUEUE_WAIT_FRAC:
         why.append(f"a training thread waited for a CPU {wait:.0%} of the time"
                    + (f" while other processes took {foreign:.0%} of its CPUs" if _finite(foreign) else ""))
@@ -471,7 +479,7 @@ def earlier_attempts(run_dir: str) -> list | None:
             continue
         out.append({"run_id": rec.get("run_id"), "step_time_s": rec.get("step_time_s"),
                     "foreign_cpu_frac": rec.get("foreign_cpu_frac"), "runqueue_wait_frac": rec.get("runqueue_wait_frac"),
-                    "disturbed": disturbance(rec)})
+                    "foreign_wait_frac": rec.get("foreign_wait_frac"), "disturbed": disturbance(rec)})
     return out or None
 
 

@@ -96,6 +96,32 @@ def test_interference_of_overlapping_cpu_sets_counts_every_rank_as_its_own():
     assert combine_interference([c, d])["foreign_cpu_frac"] == pytest.approx(0.5)
     # unreadable counters are unknown, not zero
     assert combine_interference([{**c, "own_cpu_s": None}])["foreign_cpu_frac"] is None
+    assert combine_interference([{**c, "own_cpu_s": None}])["foreign_wait_frac"] is None
+
+
+def test_a_wait_counts_only_as_far_as_other_processes_ran_on_the_ranks_cpu():
+    """A pinned rank's training thread waits behind its own threads (gloo's) and behind other processes: only as
+    much as other processes ran on its one CPU is theirs; on a shared set of CPUs all of theirs may be."""
+    host = {"host": "h", "window_s": 1.0, "steal_s": {0: 0.0, 1: 0.0}, "nivcsw": 3, "load_start": 1.0, "load_end": 1.0}
+    # a quiet VM's background: 6% of each CPU to other processes, waits of 15% behind gloo's threads
+    a = {**host, "cpus": [0], "busy_s": {0: 1.0}, "own_cpu_s": 0.94, "main_wait_s": 0.15}
+    b = {**host, "cpus": [1], "busy_s": {1: 1.0}, "own_cpu_s": 0.94, "main_wait_s": 0.12}
+    quiet = combine_interference([a, b])
+    assert quiet["foreign_wait_frac"] == pytest.approx(0.06) and quiet["runqueue_wait_frac"] == pytest.approx(0.15)
+    rec = {**quiet, "world_size": 2, "threads": 1}
+    assert records.disturbance(rec) == ""
+    # the old bound (twice foreign_cpu_frac, records without the field) flagged it
+    assert "waited for a CPU 15%" in records.disturbance({**rec, "foreign_wait_frac": None})
+    # a busy loop on CPU 1 takes half of it, and rank 1 waits for it
+    hog = combine_interference([a, {**b, "own_cpu_s": 0.5, "main_wait_s": 0.45}])
+    assert hog["foreign_wait_frac"] == pytest.approx(0.45) and hog["foreign_cpu_frac"] == pytest.approx(0.5)
+    assert "other processes took 50%" in records.disturbance({**hog, "world_size": 2, "threads": 1})
+    # unpinned ranks on two CPUs: the other processes' 0.12 CPU-s may all have been on the CPU one waited for
+    u = {**host, "cpus": [0, 1], "busy_s": {0: 1.0, 1: 1.0}}
+    shared = combine_interference([{**u, "own_cpu_s": 0.94, "main_wait_s": 0.15},
+                                   {**u, "own_cpu_s": 0.94, "main_wait_s": 0.05}])
+    assert shared["foreign_cpu_frac"] == pytest.approx(0.06) and shared["foreign_wait_frac"] == pytest.approx(0.12)
+    assert "waited for a CPU 15%" in records.disturbance({**shared, "world_size": 2, "threads": 1})
 
 
 def test_a_busy_loop_on_this_process_cpus_shows_as_foreign_time():
