@@ -383,8 +383,8 @@ class RunRecord:
         "bits cleared; 0 none; null when unknown)"))
     earlier_attempts: list | None = field(default=None, metadata=_doc(
         "earlier complete attempts of this run that were set aside (a disturbed run rerun by the sweep): each "
-        "`{run_id, step_time_s, foreign_cpu_frac, runqueue_wait_frac, foreign_wait_frac, disturbed}`; their records are kept in "
-        "`attempts/`"))
+        "`{run_id, step_time_s, foreign_cpu_frac, runqueue_wait_frac, foreign_wait_frac, disturbed}`; their records "
+        "are kept in `attempts/`"))
 
     def to_dict(self) -> dict:
         """The flat JSON object of ``record.json``."""
