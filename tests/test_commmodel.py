@@ -54,6 +54,19 @@ def test_largest_world_size_stops_at_the_first_miss_and_never_passes_nan():
     assert cm.largest_world_size_at(pred, 0.8) == 1
 
 
+def test_the_world_size_a_model_predicts_is_decided_on_its_error_band():
+    """Two runs of one study predicted 2 and 4 processes at 80% (studies K and L): the efficiency at N=4 sat at the
+    target. Within the model's band on exposed communication both are 2-4, the same decision."""
+    w = np.array(cm.powers_of_two(8))
+    compute, exposed = 0.010 / w, np.array([0.0, 0.0003, 0.0005, 0.0006])  # strong scaling: t1 = 10 ms
+    step = compute + exposed
+    pred = pd.DataFrame({"world_size": w, "step_time_s": step, "exposed_s": exposed, "efficiency": 0.010 / (step * w)})
+    assert cm.largest_world_size_at(pred, 0.8) == 4  # N=4: 2.5 + 0.5 ms -> 83%; N=8: 1.25 + 0.6 ms -> 68%
+    assert cm.world_size_band(pred, 0.8, 0.4) == (2, 4)  # N=4 with 0.7 ms -> 78%; N=8 with 0.36 ms -> 78%
+    assert cm.world_size_band(pred, 0.8, 0.0) == (4, 4)
+    assert cm.world_size_band(pred, 0.8, 1.0) == (2, 8)  # no communication hidden at all: every N at its best
+
+
 # -- the fit -------------------------------------------------------------------------------------------
 def test_nnls_matches_an_exhaustive_search():
     rng = np.random.default_rng(1)

@@ -1111,6 +1111,17 @@ def largest_world_size_at(pred: pd.DataFrame, target_efficiency: float) -> int |
     return best
 
 
+def world_size_band(pred: pd.DataFrame, target_efficiency: float, band: float) -> tuple[int | None, int | None]:
+    """:func:`largest_world_size_at` with the exposed communication of ``pred`` taken ``band`` (a relative error,
+    e.g. 0.38) larger and smaller: ``(pessimistic, optimistic)`` largest world sizes at the target."""
+    out = []
+    for k in (1.0 + band, max(0.0, 1.0 - band)):
+        step = pred["step_time_s"] + (k - 1.0) * pred["exposed_s"]
+        out.append(largest_world_size_at(pred.assign(efficiency=pred["efficiency"] * pred["step_time_s"] / step),
+                                         target_efficiency))
+    return out[0], out[1]
+
+
 def powers_of_two(up_to: int) -> list[int]:
     """1, 2, 4, ... up to ``up_to``."""
     return [2 ** k for k in range(int(math.log2(up_to)) + 1)]

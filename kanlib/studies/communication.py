@@ -418,6 +418,13 @@ def _prediction_answer(sel: pd.DataFrame, key: dict, p: str, label: str, fits: d
         n_txt = f"{target:.0%} strong-scaling efficiency up to N={n_pred}"
         ans = f"{n_pred} processes: calibrated model; {pr['links']}"
     if np.isfinite(band):
+        # decided as every answer is, on its interval: the world sizes the model's own error band allows
+        lo, hi = (max(n or 1, 1) for n in commmodel.world_size_band(pr["prediction"], target, band))
+        if lo != hi:
+            span = f"{lo}-{hi} processes" if hi > 1 else "none beyond 1"
+            ans = f"{span} within the model's band: {ans.split(': ', 1)[0]} at its point prediction; " \
+                  f"{pr['links']}"
+            n_txt += f" ({lo} to {hi} within its error band)"
         ans += f"; model error band ±{band:.0%} on exposed communication"
     text.append(f"{label}, {p}: the model calibrated on the collective benchmark ({pr['fit']}; {pr['links']}; "
                 f"leave-one-out error {pr['loo_rel_rmse']:.0%}) with this point's measured compute "
