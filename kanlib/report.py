@@ -238,7 +238,7 @@ def machine(all_a: dict[str, StudyAnalysis], out_dir: str = "", disturbed: list 
         inter.append(f"no run of {len(r)} disturbed")
     if pre:
         busy = pre.get("busy_processes") or []
-        inter.append(f"pre-flight: load {', '.join(f'{v:g}' for v in pre.get('load_1m_5m_15m', []))}, "
+        inter.append(f"pre-flight: load {', '.join(f'{v:.2f}' for v in pre.get('load_1m_5m_15m', []))}, "
                      f"{len(busy)} other busy process(es)")
     rows.append(("interference", "; ".join(inter) if inter else "not measured by these records"))
     return {"rows": rows, "on_gpu": on_gpu, "max_n": max_n, "real_nodes": real_nodes, "hosts": hosts}
