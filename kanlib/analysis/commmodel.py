@@ -822,6 +822,17 @@ def fitted_contention(parity: pd.DataFrame) -> dict:
     return _fit_contention(parity, np.isfinite(parity["pred_exposed_transfer_s"].to_numpy(float)))
 
 
+def judge_median(median: float, lo: float, margin: float) -> str:
+    """A median error against its margin, judged on its interval as every decision is: ``within`` (the median within
+    the margin), ``not beyond`` (the median beyond it, the low end ``lo`` of its 95% interval not) or ``NOT within``
+    (the whole interval beyond it, or no number)."""
+    if not np.isfinite(median):
+        return "NOT within"
+    if median <= margin:
+        return "within"
+    return "not beyond" if np.isfinite(lo) and lo <= margin else "NOT within"
+
+
 @dataclass(frozen=True)
 class ModelValidation:
     """How well the model predicts the DDP runs it was not fitted on (:func:`model_validation`): the median
@@ -844,24 +855,14 @@ class ModelValidation:
     exposed_median_lo: float = math.nan
     """The low end of the exposed median's bootstrap 95% interval (NaN: judged on the median alone)."""
 
-    @staticmethod
-    def _judge(median: float, lo: float, margin: float) -> str:
-        """``within`` (median within the margin), ``not beyond`` (the median beyond it, its interval not) or
-        ``NOT within`` (the whole interval beyond it, or no number)."""
-        if not np.isfinite(median):
-            return "NOT within"
-        if median <= margin:
-            return "within"
-        return "not beyond" if np.isfinite(lo) and lo <= margin else "NOT within"
-
     @property
     def step_ok(self) -> bool:
-        return self.n_runs > 0 and self._judge(self.step_median_abs_err, self.step_median_lo,
+        return self.n_runs > 0 and judge_median(self.step_median_abs_err, self.step_median_lo,
                                                self.step_margin) != "NOT within"
 
     @property
     def exposed_ok(self) -> bool:
-        return self.n_runs > 0 and self._judge(self.exposed_median_abs_err, self.exposed_median_lo,
+        return self.n_runs > 0 and judge_median(self.exposed_median_abs_err, self.exposed_median_lo,
                                                self.exposed_margin) != "NOT within"
 
     @property
@@ -872,8 +873,8 @@ class ModelValidation:
     def sentence(self) -> str:
         if not self.n_runs:
             return "The model is not validated: no timed DDP run with a no-op twin to predict."
-        step = self._judge(self.step_median_abs_err, self.step_median_lo, self.step_margin)
-        exposed = self._judge(self.exposed_median_abs_err, self.exposed_median_lo, self.exposed_margin)
+        step = judge_median(self.step_median_abs_err, self.step_median_lo, self.step_margin)
+        exposed = judge_median(self.exposed_median_abs_err, self.exposed_median_lo, self.exposed_margin)
         return (f"Leave-one-out over {self.n_runs} DDP runs: median |error| of the step time "
                 f"{self.step_median_abs_err:.0%} (margin {self.step_margin:.0%}: {step}), "
                 f"of the exposed communication {self.exposed_median_abs_err:.0%} (margin {self.exposed_margin:.0%}: "

@@ -291,12 +291,12 @@ class ModelCheck:
 
 
 def _judged(median: float, lo: float, margin: float) -> str:
-    """What a check's sentence adds when a median is beyond its margin: whether its interval is too."""
-    if not np.isfinite(median) or median <= margin:
+    """What a check's sentence adds when a median is beyond its margin (:func:`commmodel.judge_median`): whether its
+    interval is too; nothing when it is within or unknown."""
+    verdict = commmodel.judge_median(median, lo, margin)
+    if verdict == "within" or not np.isfinite(median):
         return ""
-    if np.isfinite(lo) and lo <= margin:
-        return f": not beyond it, its interval reaches down to {lo:.0%}"
-    return ": beyond it"
+    return f": not beyond it, its interval reaches down to {lo:.0%}" if verdict == "not beyond" else ": beyond it"
 
 
 def check_model(ctx: Context) -> ModelCheck:
@@ -328,12 +328,13 @@ def check_model(ctx: Context) -> ModelCheck:
         why.append("no known signal (no emulated link)")
     pts = commmodel.fit_points(fit.fits)
     errs = pts["loo_rel_err"].abs().to_numpy(float) if len(pts) else np.array([])
-    loo, lo, hi = stats.median_ci(errs) if np.isfinite(errs).any() else (float("nan"),) * 3
+    errs = errs[np.isfinite(errs)]  # a point without a leave-one-out error does not make the median unknown
+    loo, lo, hi = stats.median_ci(errs) if errs.size else (float("nan"),) * 3
     if np.isfinite(loo):  # judged on its interval, as every decision is: beyond only when all of it is
-        failed |= not (lo <= tol)
-        why.append(f"leave-one-out median error {loo:.0%} [{lo:.0%}, {hi:.0%}]"
-                   + (" (beyond the tolerance)" if not lo <= tol else
-                      " (not beyond the tolerance)" if loo > tol else ""))
+        verdict = commmodel.judge_median(loo, lo, tol)
+        failed |= verdict == "NOT within"
+        said = {"within": "", "not beyond": " (not beyond the tolerance)"}.get(verdict, " (beyond the tolerance)")
+        why.append(f"leave-one-out median error {loo:.0%} [{lo:.0%}, {hi:.0%}]{said}")
     band = loo
     try:
         val = commmodel.model_validation(ctx.ddp_parity())  # leave-one-out parity (stragglers, contention)

@@ -420,9 +420,8 @@ def _prediction_answer(sel: pd.DataFrame, key: dict, p: str, label: str, fits: d
     if np.isfinite(band):
         # decided as every answer is, on its interval: the world sizes the model's own error band allows
         lo, hi = (max(n or 1, 1) for n in commmodel.world_size_band(pr["prediction"], target, band))
-        if lo != hi:
-            span = f"{lo}-{hi} processes" if hi > 1 else "none beyond 1"
-            ans = f"{span} within the model's band: {ans.split(': ', 1)[0]} at its point prediction; " \
+        if lo != hi:  # then hi > lo >= 1
+            ans = f"{lo}-{hi} processes within the model's band: {ans.split(': ', 1)[0]} at its point prediction; " \
                   f"{pr['links']}"
             n_txt += f" ({lo} to {hi} within its error band)"
         ans += f"; model error band ±{band:.0%} on exposed communication"
