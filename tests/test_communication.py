@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from synthetic import comm_records, opt_recs, options_records, write_records
+from synthetic import comm_records, opt_recs, options_records, rec, write_records
 
 from kanlib import guidelines
 from kanlib.analysis import load, stats
@@ -89,3 +89,50 @@ def test_overhead_intervals_only_just_apart_are_not_ranked():
     assert not stats.intervals_overlap(a, {"overhead_lo": 0.17, "overhead_hi": 0.18})
     assert not stats.intervals_overlap({"overhead_lo": 0.17, "overhead_hi": 0.18}, a)  # symmetric
     assert stats.intervals_overlap(a, {"overhead_lo": np.nan, "overhead_hi": 0.18}) is None
+
+
+def _drifting(exposed_small, exposed_big, drift, noop=0.005):
+    """2x1 records of 0.01 and 25 MiB buckets over rounds whose load drifts by ``drift`` (a factor per round, on
+    every run of the round); the timed runs expose ``exposed_*`` (seconds, per round) beyond their no-op twins."""
+    out = []
+    for cap, exposed in ((0.01, exposed_small), (25.0, exposed_big)):
+        for r, (f, e) in enumerate(zip(drift, exposed)):
+            common = dict(study="communication", world_size=2, nnodes=2, nproc_per_node=1, global_batch=64, repeat=r,
+                          bucket_cap_mb=cap)
+            out.append(rec(comm_hook="timed", step_time_s=(noop + e) * f, comm_total_s=e * f + 0.001,
+                           n_buckets=1, **common))
+            out.append(rec(comm_hook="noop", step_time_s=noop * f, **common))
+    return out
+
+
+def test_bucket_sizes_are_compared_paired_by_round(tmp_path):
+    """Load that drifts between rounds moves every run of a round alike: compared within rounds, 0.01 MiB buckets
+    exposing 2.4 ms more than 25 MiB ones in every round are ranked, though the overhead shares' two independent
+    intervals overlap (the quiet study runs that ranked them once and tied them the next); a difference whose sign
+    changes from round to round is not ranked."""
+    drift = [1.0, 1.5, 0.7, 1.3, 0.85]
+    write_records(tmp_path / "drift", _drifting([0.003] * 5, [0.0006] * 5, drift))
+    t = communication.table(load.load_records(str(tmp_path / "drift"))).data.set_index("bucket_cap_mb")
+    assert [r for r, _ in t.loc[0.01, "exposed_rounds"]] == [0, 1, 2, 3, 4]
+    assert stats.intervals_overlap(t.loc[0.01], t.loc[25.0])  # the two intervals alone do not rank them
+    bb = communication.best_bucket(t.reset_index(), "2x1")
+    assert bb["bucket_cap_mb"] == 25.0 and bb["tied_caps_mb"] == []
+    assert communication.exposes_more(t.loc[25.0], t.loc[0.01]) and not communication.exposes_more(t.loc[0.01],
+                                                                                                t.loc[25.0])
+    write_records(tmp_path / "mixed", _drifting([0.003, 0.0002, 0.003, 0.0001, 0.0025],
+                                                [0.0005, 0.0028, 0.0006, 0.0029, 0.0005], [1.0] * 5))
+    t = communication.table(load.load_records(str(tmp_path / "mixed"))).data
+    assert communication.best_bucket(t, "2x1")["tied_caps_mb"] != []
+    g = guidelines.from_out_dir(str(tmp_path / "mixed"))
+    [ans] = g.table[g.table["question"] == "2x1: bucket size minimising exposed communication"]["answer"]
+    assert ans.startswith("no measurable difference between 0.01, 25 MiB")
+
+
+def test_paired_difference_keeps_only_shared_rounds():
+    a, b = ((0, 1.0), (1, 2.0), (2, 3.0)), ((1, 2.5), (2, 3.5), (3, 9.0))
+    med, lo, hi, n = stats.paired_difference(a, b)
+    assert n == 2 and med == pytest.approx(0.5) and lo == pytest.approx(0.5) and hi == pytest.approx(0.5)
+    assert stats.clearly_larger(a, b, scale=1.0) is None  # two shared rounds: fewer than MIN_PAIRS
+    assert stats.paired_difference((), b)[3] == 0
+    c = ((0, 1.5), (1, 2.5), (2, 3.5))
+    assert stats.clearly_larger(a, c, scale=1.0) and not stats.clearly_larger(a, c, scale=10.0)  # 0.5 > 10% of 1

@@ -134,6 +134,24 @@ def meets(value, target: float) -> bool:
     return math.isfinite(v) and v > 0 and v + 1e-12 >= target
 
 
+def reaches(value, lo, hi, target: float) -> str:
+    """Whether a measured ``value`` with its 95% interval ``[lo, hi]`` reaches ``target`` (larger is better):
+    ``"yes"`` when the whole interval does, ``"no"`` when the whole interval lies below it (measurably below),
+    ``"within"`` when the interval holds the target. Without a finite interval, the value alone decides ("yes" or
+    "no", :func:`meets`). A NaN, infinite, zero or negative value never reaches it."""
+    if not meets(value, 1e-300):
+        return "no"
+    try:
+        lo, hi = float(lo), float(hi)
+    except (TypeError, ValueError):
+        lo = hi = float("nan")
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "yes" if meets(value, target) else "no"
+    if meets(lo, target):
+        return "yes"
+    return "within" if meets(hi, target) else "no"
+
+
 def within_margin(values, margin: float = MARGIN):
     """Which of ``values`` (times: smaller is better) lie within ``margin`` (relative) of the smallest: the
     candidates a single run cannot tell apart, so a guideline names them together instead of picking one
@@ -159,3 +177,47 @@ def intervals_overlap(a, b, margin: float = MARGIN) -> bool | None:
     communication of 1x2 and 2x1, one host apart from the launch: '14% [12%, 16%]' and '16% [14%, 18%]' in one
     run, '14% [13%, 15%]' clear of 2x1's in the next)."""
     return ranges_overlap(a, b, "overhead", "overhead", margin)
+
+
+# -- paired by round -------------------------------------------------------------------------------
+MIN_PAIRS = 3
+"""Rounds two points must share before their difference is judged paired by round (:func:`paired_difference`):
+fewer, and the comparison falls back to their two independent intervals."""
+
+
+def by_round(frame, value) -> tuple:
+    """``((repeat, value), ...)`` of the runs of one point in ``frame`` (a DataFrame with a ``repeat`` column):
+    ``value(runs of that repeat)`` per round, rounds in order; () without a ``repeat`` column or values. Runs of the
+    same round ran back to back in one launch, so differences taken within a round cancel the load that drifts
+    between rounds."""
+    if frame is None or len(frame) == 0 or "repeat" not in frame:
+        return ()
+    out = []
+    for r, g in frame.groupby("repeat", sort=True):
+        v = float(value(g))
+        if math.isfinite(v):
+            out.append((int(r), v))
+    return tuple(out)
+
+
+def paired_difference(a, b, n_boot: int = N_BOOT, seed: int = SEED) -> tuple[float, float, float, int]:
+    """``median(b_r - a_r)`` over the rounds ``r`` both ``a`` and ``b`` (``((repeat, value), ...)`` from
+    :func:`by_round`) have, with its bootstrap interval (resampling rounds): ``(median, low, high, n_rounds)``;
+    NaNs and 0 rounds when they share none."""
+    da, db = dict(a or ()), dict(b or ())
+    common = sorted(set(da) & set(db))
+    if not common:
+        return float("nan"), float("nan"), float("nan"), 0
+    d = np.array([db[r] - da[r] for r in common], dtype=float)
+    lo, hi = bootstrap_ci(d, n_boot=n_boot, seed=seed)
+    return float(np.median(d)), lo, hi, len(common)
+
+
+def clearly_larger(a, b, scale: float, margin: float = MARGIN, min_pairs: int = MIN_PAIRS) -> bool | None:
+    """Whether ``b`` is larger than ``a`` beyond the decision margin, paired by round: the whole 95% interval of the
+    median within-round difference ``b_r - a_r`` (:func:`paired_difference`) lies above ``margin * scale`` (e.g.
+    10% of the better point's step time). None when they share fewer than ``min_pairs`` rounds."""
+    med, lo, hi, n = paired_difference(a, b)
+    if n < min_pairs or not math.isfinite(lo):
+        return None
+    return bool(lo > margin * float(scale))

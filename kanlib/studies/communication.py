@@ -59,7 +59,10 @@ def table(df: pd.DataFrame, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) 
     - ``overhead_fraction = exposed_s / t_allreduce_s`` (the study's 'communication overhead'), with a
       bootstrap interval ``overhead_lo``/``overhead_hi`` resampling both kinds of run (of the difference
       clipped at 0 only, so the no-op runs' noise shows; it always holds the point);
-    - ``compute_s = t_allreduce_s - exposed_s``.
+    - ``compute_s = t_allreduce_s - exposed_s``;
+    - ``exposed_rounds``: ``((repeat, seconds), ...)``, per round the timed runs' step minus the no-op twins' step
+      of the same round (they ran back to back in one launch): what the guidelines compare points on, paired by
+      round (:func:`exposes_more`), so that load drifting between rounds does not widen the comparison.
 
     Groups are every other config field that differs (grid size, ``kan_impl``, widths, ...). Raises KeyError
     when no point has both kinds of run.
@@ -105,13 +108,18 @@ def _point(key: dict, t: pd.DataFrame, z: pd.DataFrame, n_boot: int, seed: int) 
     ov_lo, ov_hi = stats.exposed_share_ci(ta_v, tz, n_boot, seed)
     ov_lo, ov_hi = min(ov_lo, exposed / ta), max(ov_hi, exposed / ta)
     n = int(key["nnodes"]) * int(key["nproc_per_node"])
+    # per round, the timed runs' step against the no-op twins' of the same round (one launch, back to back)
+    med = lambda g: np.median(g["step_time_s"].to_numpy(float))  # noqa: E731
+    noop_r = dict(stats.by_round(z, med))
+    rounds = tuple((r, v - noop_r[r]) for r, v in stats.by_round(t, med) if r in noop_r)
     return {"world_size": n, "placement": groups.placement_of(key["nnodes"], key["nproc_per_node"]),
             "inter_node": int(key["nnodes"]) > 1, "n_runs": int(min(len(t), len(z))),
             "t_allreduce_s": ta, "t_allreduce_lo": ta_lo, "t_allreduce_hi": ta_hi,
             "t_noop_s": tn, "t_noop_lo": tn_lo, "t_noop_hi": tn_hi,
             "comm_total_s": ct, "exposed_raw_s": raw, "exposed_s": exposed, "exposed_clipped": bool(exposed != raw),
             "overlap_s": ct - exposed, "overlap_fraction": (ct - exposed) / ct if ct > 0 else np.nan,
-            "overhead_fraction": exposed / ta, "overhead_lo": ov_lo, "overhead_hi": ov_hi, "compute_s": ta - exposed}
+            "overhead_fraction": exposed / ta, "overhead_lo": ov_lo, "overhead_hi": ov_hi, "compute_s": ta - exposed,
+            "exposed_rounds": rounds}
 
 
 def plain_ddp(t: Table) -> Table:
@@ -285,22 +293,41 @@ def best_bucket(comm: pd.DataFrame, placement: str | None = None) -> dict:
     n_max = int(c["world_size"].max())
     at = c[c["world_size"] == n_max]
     row = at.loc[at["exposed_s"].idxmin()]
-    # the other bucket sizes whose 95% intervals overlap the best one's: the data do not rank them
+    # the other bucket sizes not measurably worse than the best one: the data do not rank them
     tied = sorted(float(r["bucket_cap_mb"]) for _, r in at.iterrows()
-                  if r["bucket_cap_mb"] != row["bucket_cap_mb"] and stats.intervals_overlap(row, r))
+                  if r["bucket_cap_mb"] != row["bucket_cap_mb"] and not exposes_more(row, r))
     return {"world_size": n_max, "placement": row["placement"], "bucket_cap_mb": float(row["bucket_cap_mb"]),
             "nccl_algo": row.get("nccl_algo", "") or "default", "exposed_s": float(row["exposed_s"]),
             "overhead_fraction": float(row["overhead_fraction"]), "overhead_lo": float(row.get("overhead_lo", np.nan)),
             "overhead_hi": float(row.get("overhead_hi", np.nan)), "tied_caps_mb": tied}
 
 
+def exposes_more(best, other) -> bool:
+    """Whether point ``other`` (a row of :func:`table`) exposes measurably more communication than ``best``.
+
+    Paired by round where both have at least :data:`kanlib.analysis.stats.MIN_PAIRS` rounds in common
+    (``exposed_rounds``): the 95% interval of the median within-round difference of their exposed times must lie
+    above the decision margin, 10% of ``best``'s step (:func:`kanlib.analysis.stats.clearly_larger`). Two
+    independent intervals of the overhead share, each from two noisy step times, reached [0%, 51%] in quiet study
+    runs where 0.01 MiB buckets exposed 2-3 ms more than 25 MiB ones in every round, so one run ranked them and the
+    next did not. Otherwise (records without rounds): the overhead shares' 95% intervals, widened by the margin,
+    do not overlap (:func:`kanlib.analysis.stats.intervals_overlap`); without intervals, on the medians (such
+    points have too few runs to be ranked on, and the guidelines say so)."""
+    paired = stats.clearly_larger(best.get("exposed_rounds"), other.get("exposed_rounds"),
+                                  scale=float(best.get("t_allreduce_s", np.nan)))
+    if paired is not None:
+        return paired
+    both = stats.intervals_overlap(best, other)
+    return float(other["exposed_s"]) > float(best["exposed_s"]) if both is None else not both
+
+
 def _overlaps(a, b) -> bool:
-    """Whether the 95% intervals of the overhead fractions of points ``a`` and ``b`` overlap (no interval: only
-    a point with itself, or with its own placement)."""
-    both = stats.intervals_overlap(a, b)
-    if both is None:
-        return a is b or (a.get("placement") == b.get("placement"))
-    return both
+    """Whether points ``a`` and ``b`` expose the same communication as far as the data tell (neither exposes
+    measurably more, :func:`exposes_more`; a point always ties with itself)."""
+    if a is b:
+        return True
+    lo, hi = (a, b) if a["exposed_s"] <= b["exposed_s"] else (b, a)
+    return not exposes_more(lo, hi)
 
 
 def calibrated_prediction(timed: pd.DataFrame, noop: pd.DataFrame, fits: dict, target: float,
@@ -312,8 +339,10 @@ def calibrated_prediction(timed: pd.DataFrame, noop: pd.DataFrame, fits: dict, t
     backward share says when buckets become ready; the buckets are the ones the timed runs recorded;
     each bucket's all-reduce comes from the fit of the same backend, device, algorithm and emulated link
     (:func:`kanlib.analysis.commmodel.find_fit`), on nodes of the point's processes per node. Returns
-    ``world_size`` (largest with efficiency >= target, or None), the prediction table and a description; raises
-    ValueError saying why when the point or the fit cannot support a prediction.
+    ``world_size`` (largest with efficiency >= target, or None), the prediction table, a description and
+    ``compute_interval``, the bootstrap interval of the no-op twin's median step as factors of it (what the measured
+    compute is uncertain by, :func:`kanlib.analysis.commmodel.world_size_band`); raises ValueError saying why when
+    the point or the fit cannot support a prediction.
     """
     if timed.empty or noop.empty:
         raise ValueError("the point needs timed runs and their no-op twins")
@@ -323,7 +352,7 @@ def calibrated_prediction(timed: pd.DataFrame, noop: pd.DataFrame, fits: dict, t
         raise ValueError("its records carry no bucket_bytes (schema 1)")
     nn, pp = int(r["nnodes"]), int(r["nproc_per_node"])
     n, b, n_params = nn * pp, int(r["global_batch"]), int(r["n_params"])
-    t_noop = float(np.median(noop["step_time_s"].to_numpy(float)))
+    t_noop, t_noop_lo, t_noop_hi = stats.median_ci(noop["step_time_s"].to_numpy(float))
     bwd = float(np.median(noop["backward_s"].to_numpy(float))) if "backward_s" in noop else 2 * t_noop / 3
     profile = commmodel.ComputeProfile(t_noop * n / (n_params * b), 0.0, min(max(bwd / t_noop, 0.0), 1.0),
                                        f"measured: the no-op twin at {nn}x{pp}")
@@ -338,7 +367,9 @@ def calibrated_prediction(timed: pd.DataFrame, noop: pd.DataFrame, fits: dict, t
                                      bucket_cap_mb=float(r["bucket_cap_mb"]))
     return {"world_size": commmodel.largest_world_size_at(pred, target), "prediction": pred, "profile": profile,
             "fit": f.model.label, "links": f.model.describe(), "loo_rel_rmse": f.loo_rel_rmse,
-            "n_params": n_params, "global_batch": b, "n_buckets": len(buckets), "placement_per_node": pp}
+            "n_params": n_params, "global_batch": b, "n_buckets": len(buckets), "placement_per_node": pp,
+            "compute_interval": ((t_noop_lo / t_noop, t_noop_hi / t_noop)
+                                 if t_noop > 0 and np.isfinite([t_noop_lo, t_noop_hi]).all() else (1.0, 1.0))}
 
 
 def _least_exposing_placement(g: pd.DataFrame, label: str, rows: list, text: list) -> None:
@@ -398,7 +429,8 @@ def _best_bucket_answer(g: pd.DataFrame, p: str, label: str, rows: list, text: l
 def _prediction_answer(sel: pd.DataFrame, key: dict, p: str, label: str, fits: dict, target: float,
                        rows: list, text: list, band: float = float("nan")) -> None:
     """(c) The calibrated model (collective-benchmark fit) extrapolating one placement's best point; ``band``: the
-    model's own relative error (kanlib.analysis.context.ModelCheck), which travels with the prediction."""
+    model's own relative error on exposed communication (kanlib.analysis.context.ModelCheck.exposed_band), which
+    travels with the prediction."""
     question = f"{p}: predicted largest world size with efficiency >= {target:g}"
     timed = sel[(sel["comm_hook"] == "timed")
                 & (sel["emulate_latency_s"] == key["emulate_latency_s"])
@@ -417,21 +449,25 @@ def _prediction_answer(sel: pd.DataFrame, key: dict, p: str, label: str, fits: d
     else:
         n_txt = f"{target:.0%} strong-scaling efficiency up to N={n_pred}"
         ans = f"{n_pred} processes: calibrated model; {pr['links']}"
-    if np.isfinite(band):
-        # decided as every answer is, on its interval: the world sizes the model's own error band allows
-        lo, hi = (max(n or 1, 1) for n in commmodel.world_size_band(pr["prediction"], target, band))
-        if lo != hi:  # then hi > lo >= 1
-            ans = f"{lo}-{hi} processes within the model's band: {ans.split(': ', 1)[0]} at its point prediction; " \
-                  f"{pr['links']}"
-            n_txt += f" ({lo} to {hi} within its error band)"
-        ans += f"; model error band ±{band:.0%} on exposed communication"
+    # decided as every answer is, on its interval: the world sizes that the model's own error band and the
+    # interval of the measured compute it extrapolates allow (two quiet study runs predicted 4 and 2-4 at 2x1 with
+    # N=4 at 82-83% at the point prediction: the band alone put its pessimistic end on either side of 80%)
+    kc = pr["compute_interval"]
+    lo, hi = (max(n or 1, 1) for n in commmodel.world_size_band(pr["prediction"], target,
+                                                                 band if np.isfinite(band) else 0.0, kc))
+    if lo != hi:  # then hi > lo >= 1
+        ans = f"{lo}-{hi} processes within the prediction's band: {ans.split(': ', 1)[0]} at its point " \
+              f"prediction; {pr['links']}"
+        n_txt += f" ({lo} to {hi} within its band)"
+    compute_txt = f"measured compute {kc[0] - 1:+.0%}/{kc[1] - 1:+.0%} (95% interval of the no-op twin's median step)"
+    ans += (f"; model error band ±{band:.0%} on exposed communication, " if np.isfinite(band) else "; ") + compute_txt
     text.append(f"{label}, {p}: the model calibrated on the collective benchmark ({pr['fit']}; {pr['links']}; "
                 f"leave-one-out error {pr['loo_rel_rmse']:.0%}) with this point's measured compute "
                 f"({pr['n_params']} parameters, global batch {pr['global_batch']}, {pr['n_buckets']} "
                 f"bucket(s), {pr['placement_per_node']} processes per node) predicts {n_txt}; an optimistic "
                 f"bound that ignores stragglers and congestion"
-                + (f"; the model's own error, ±{band:.0%} on exposed communication, travels with it."
-                   if np.isfinite(band) else "."))
+                + (f"; the model's own error, ±{band:.0%} on exposed communication, travels with it"
+                   if np.isfinite(band) else "") + f", as does the {compute_txt}.")
     rows.append({"question": question, "group": label, "answer": ans, "value": float(n_pred or 1),
                  "basis": "communication model"})
 
@@ -495,5 +531,8 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
             sel = groups.select_records(recs, {**gkey, "placement": p, "bucket_cap_mb": bb["bucket_cap_mb"],
                                                "nccl_algo": "" if bb["nccl_algo"] == "default" else bb["nccl_algo"]})
             sel = sel[sel["comm_hook"].isin(["timed", "noop"])]
-            _prediction_answer(sel, key, p, label, fit.fits, goals.target_efficiency, rows, text, check.band)
+            for f, v in OPTION_FIELDS.items():  # plain DDP only: not the no-op twins of gradient accumulation
+                if f != "comm_hook" and f in sel:
+                    sel = sel[sel[f].isna() | (sel[f].map(groups.hashable) == v)]
+            _prediction_answer(sel, key, p, label, fit.fits, goals.target_efficiency, rows, text, check.exposed_band)
     return rows, text
