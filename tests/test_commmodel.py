@@ -65,6 +65,11 @@ def test_the_world_size_a_model_predicts_is_decided_on_its_error_band():
     assert cm.world_size_band(pred, 0.8, 0.4) == (2, 4)  # N=4 with 0.7 ms -> 78%; N=8 with 0.36 ms -> 78%
     assert cm.world_size_band(pred, 0.8, 0.0) == (4, 4)
     assert cm.world_size_band(pred, 0.8, 1.0) == (2, 8)  # no communication hidden at all: every N at its best
+    # the measured compute's interval travels too: compute 15% lower leaves 10% more exposed time weighing 1.29x
+    assert cm.world_size_band(pred, 0.8, 0.1) == (4, 4)  # N=4 with 0.55 ms -> 82%
+    assert cm.world_size_band(pred, 0.8, 0.1, compute=(0.85, 1.0)) == (2, 4)  # N=4 with 0.65 ms -> 79%
+    with pytest.raises(ValueError, match="compute factors must be positive"):
+        cm.world_size_band(pred, 0.8, 0.1, compute=(0.0, 1.0))
 
 
 # -- the fit -------------------------------------------------------------------------------------------

@@ -161,7 +161,13 @@ def test_a_link_model_that_fails_its_own_check_gives_no_guidance(calibrated):
     g = guidelines.from_out_dir(str(calibrated))
     pred = g.table[g.table["question"].str.contains("predicted largest world size")]
     assert len(pred) and all("model error band" in a for a in pred["answer"])
-    assert g.context.model_check().status == "passed"
+    check = g.context.model_check()
+    assert check.status == "passed"
+    # the band a world size is decided on is the model's typical error on exposed communication (what it scales)
+    from kanlib.analysis import commmodel
+    val = commmodel.model_validation(g.context.ddp_parity())
+    assert check.exposed_band == pytest.approx(val.exposed_median_abs_err)
+    assert all(f"±{check.exposed_band:.0%} on exposed communication" in a for a in pred["answer"])
     timed = 0
     for path in sorted(load.find_record_files(str(calibrated))):
         rec = load.read_json(path)
@@ -210,3 +216,24 @@ def test_the_cli_refuses_missing_empty_and_failed_only_folders_and_a_zero_target
     assert _cli(tmp_path / "ok").returncode == 0
     out = _cli(tmp_path / "ok", tmp_path / "empty")
     assert out.returncode == 2 and "empty: no guidelines" in out.stderr
+
+
+def test_the_prediction_extrapolates_plain_ddp_not_the_gradient_accumulation_twins(calibrated):
+    """The predicted world size extrapolates the plain-DDP point's measured compute: runs of the same placement and
+    bucket size with gradient accumulation (here their no-op runs: 16 micro-steps, 16 times the step) are another point, and adding
+    them changes nothing (they had been pooled into the median compute, and moved the interval it travels with)."""
+    def predicted(g):
+        t = g.table[g.table["question"].str.contains("predicted largest world size")]
+        return dict(zip(t["group"] + " " + t["question"], t["answer"]))
+
+    before = predicted(guidelines.from_out_dir(str(calibrated)))
+    extra = []
+    for path in sorted(load.find_record_files(str(calibrated))):
+        rec = load.read_json(path)
+        if rec.get("study") == "communication" and rec.get("comm_hook") == "noop":
+            extra.append({**rec, "grad_accum_steps": 16, "step_time_s": 16 * rec["step_time_s"],
+                          "run_key": f"{rec.get('run_key', '')}-accum"})
+    assert extra
+    write_records(calibrated, extra)
+    after = predicted(guidelines.from_out_dir(str(calibrated)))
+    assert before and after == before

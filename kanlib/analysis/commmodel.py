@@ -854,6 +854,8 @@ class ModelValidation:
     """The low end of the step median's bootstrap 95% interval (NaN: judged on the median alone)."""
     exposed_median_lo: float = math.nan
     """The low end of the exposed median's bootstrap 95% interval (NaN: judged on the median alone)."""
+    exposed_median_hi: float = math.nan
+    """The high end of the exposed median's bootstrap 95% interval."""
 
     @property
     def step_ok(self) -> bool:
@@ -886,7 +888,7 @@ class ModelValidation:
                 "waiting_share_median_abs_err": self.waiting_share_median_abs_err, "step_margin": self.step_margin,
                 "exposed_margin": self.exposed_margin, "step_max_abs_err": self.step_max_abs_err,
                 "step_median_lo": self.step_median_lo, "exposed_median_lo": self.exposed_median_lo,
-                "step_ok": self.step_ok, "exposed_ok": self.exposed_ok, "ok": self.ok}
+                "exposed_median_hi": self.exposed_median_hi, "step_ok": self.step_ok, "exposed_ok": self.exposed_ok, "ok": self.ok}
 
 
 def model_validation(parity_or_records: pd.DataFrame, fits: dict[tuple, CollFit] | None = None,
@@ -902,10 +904,10 @@ def model_validation(parity_or_records: pd.DataFrame, fits: dict[tuple, CollFit]
         return ModelValidation(0, math.nan, math.nan, math.nan, step_margin, exposed_margin)
     ws = d["waiting_share_err"].abs() if "waiting_share_err" in d else pd.Series(dtype=float)
     step, exposed = d["step_rel_err"].abs(), pd.to_numeric(d["exposed_rel_err"], errors="coerce").abs()
+    exposed_lo, exposed_hi = bootstrap_ci(exposed.to_numpy(float))
     return ModelValidation(int(len(d)), float(step.median()), float(exposed.median()),
                            float(ws.median()) if ws.notna().any() else math.nan, step_margin, exposed_margin,
-                           float(step.max()), bootstrap_ci(step.to_numpy(float))[0],
-                           bootstrap_ci(exposed.to_numpy(float))[0])
+                           float(step.max()), bootstrap_ci(step.to_numpy(float))[0], exposed_lo, exposed_hi)
 
 
 # -- compute profiles and extrapolation ---------------------------------------------------------------------
@@ -1112,11 +1114,21 @@ def largest_world_size_at(pred: pd.DataFrame, target_efficiency: float) -> int |
     return best
 
 
-def world_size_band(pred: pd.DataFrame, target_efficiency: float, band: float) -> tuple[int | None, int | None]:
+def world_size_band(pred: pd.DataFrame, target_efficiency: float, band: float,
+                    compute: tuple[float, float] = (1.0, 1.0)) -> tuple[int | None, int | None]:
     """:func:`largest_world_size_at` with the exposed communication of ``pred`` taken ``band`` (a relative error,
-    e.g. 0.38) larger and smaller: ``(pessimistic, optimistic)`` largest world sizes at the target."""
+    e.g. 0.38) larger and smaller: ``(pessimistic, optimistic)`` largest world sizes at the target.
+
+    ``compute``: the interval of the measured compute the prediction was made from, as factors of it (e.g. the
+    bootstrap interval of the no-op twin's median step over that median, ``(0.91, 1.03)``). Compute ``k`` times
+    the measured one leaves a strong-scaling efficiency as exposed communication ``1/k`` times the predicted one
+    would, so the pessimistic end takes the exposed time ``(1 + band) / k_lo`` times, the optimistic end
+    ``(1 - band) / k_hi`` times."""
+    k_lo, k_hi = (float(c) for c in compute)
+    if not (k_lo > 0 and k_hi > 0):
+        raise ValueError(f"world_size_band: compute factors must be positive; got {compute!r}")
     out = []
-    for k in (1.0 + band, max(0.0, 1.0 - band)):
+    for k in ((1.0 + band) / k_lo, max(0.0, 1.0 - band) / k_hi):
         step = pred["step_time_s"] + (k - 1.0) * pred["exposed_s"]
         out.append(largest_world_size_at(pred.assign(efficiency=pred["efficiency"] * pred["step_time_s"] / step),
                                          target_efficiency))
