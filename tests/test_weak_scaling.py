@@ -31,3 +31,31 @@ def test_weak_scaling_keeps_models_and_placements_apart(tmp_path):
     assert e[("kan", "1x2")] == pytest.approx(0.8) and e[("mlp", "1x2")] == pytest.approx(1.0)
     assert e[("kan", "2x1")] == pytest.approx(0.6)
     assert len(t) == 5
+
+
+def test_the_smallest_batch_is_decided_on_its_interval():
+    """The 2048-per-process efficiency at 1x2 measured 75% [68%, 90%] in one quiet study run and 90% [73%, 95%] in
+    the next (the one-process baseline ran at 30 or at 37-39 ms from run to run): on the medians one said 'none'
+    and the other '2048'. A batch whose interval holds the target is not measurably below it: both say 2048, and
+    say it is within the interval; a batch whose whole interval is below is not taken."""
+    import pandas as pd
+
+    def weak(e, lo, hi):
+        return pd.DataFrame({"world_size": [2, 2], "local_batch": [64, 2048], "placement": ["1x2", "1x2"],
+                             "weak_efficiency": [0.50, e], "weak_efficiency_lo": [0.45, lo],
+                             "weak_efficiency_hi": [0.62, hi]})
+
+    assert weak_scaling.smallest_efficient_batch(weak(0.75, 0.68, 0.90), 0.8)[0] == 2048
+    assert weak_scaling.smallest_efficient_batch(weak(0.90, 0.73, 0.95), 0.8)[0] == 2048
+    assert weak_scaling.smallest_efficient_batch(weak(0.75, 0.70, 0.79), 0.8)[0] is None  # measurably below
+    assert weak_scaling.smallest_efficient_batch(weak(0.85, float("nan"), float("nan")), 0.8)[0] == 2048  # median
+
+
+def test_reaches_is_three_valued():
+    from kanlib.analysis import stats
+
+    assert stats.reaches(0.9, 0.85, 0.95, 0.8) == "yes"
+    assert stats.reaches(0.75, 0.68, 0.90, 0.8) == "within"
+    assert stats.reaches(0.75, 0.70, 0.79, 0.8) == "no"
+    assert stats.reaches(0.85, None, None, 0.8) == "yes" and stats.reaches(0.75, None, None, 0.8) == "no"
+    assert stats.reaches(float("nan"), 0.7, 0.9, 0.8) == "no" and stats.reaches(-1, 0.7, 0.9, 0.8) == "no"
