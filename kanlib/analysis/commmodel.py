@@ -855,7 +855,8 @@ class ModelValidation:
     exposed_median_lo: float = math.nan
     """The low end of the exposed median's bootstrap 95% interval (NaN: judged on the median alone)."""
     exposed_median_hi: float = math.nan
-    """The high end of the exposed median's bootstrap 95% interval."""
+    """The high end of the exposed median's bootstrap 95% interval: how far off the model's exposed communication
+    may be (the band a predicted world size is decided on, :func:`world_size_band`)."""
 
     @property
     def step_ok(self) -> bool:

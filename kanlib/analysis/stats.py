@@ -134,13 +134,19 @@ def meets(value, target: float) -> bool:
     return math.isfinite(v) and v > 0 and v + 1e-12 >= target
 
 
-def reaches(value, lo, hi, target: float) -> str:
+def reaches(value, lo, hi, target: float, n_runs=None) -> str:
     """Whether a measured ``value`` with its 95% interval ``[lo, hi]`` reaches ``target`` (larger is better):
-    ``"yes"`` when the whole interval does, ``"no"`` when the whole interval lies below it (measurably below),
-    ``"within"`` when the interval holds the target. Without a finite interval, the value alone decides ("yes" or
-    "no", :func:`meets`). A NaN, infinite, zero or negative value never reaches it."""
+    ``"yes"`` when the whole interval does (shown to reach it: what every threshold decision takes), ``"no"`` when
+    the whole interval lies below it, ``"within"`` when the interval holds the target. Without a finite interval, or
+    with fewer than :data:`MIN_RUNS` runs (``n_runs``; such an interval means nothing), the value alone decides
+    ("yes" or "no", :func:`meets`). A NaN, infinite, zero or negative value never reaches it."""
     if not meets(value, 1e-300):
         return "no"
+    try:
+        if n_runs is not None and int(n_runs) < MIN_RUNS:
+            lo = hi = float("nan")
+    except (TypeError, ValueError):
+        pass
     try:
         lo, hi = float(lo), float(hi)
     except (TypeError, ValueError):
