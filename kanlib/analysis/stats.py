@@ -143,19 +143,25 @@ def reaches(value, lo, hi, target: float, n_runs=None) -> str:
     if not meets(value, 1e-300):
         return "no"
     try:
-        if n_runs is not None and int(n_runs) < MIN_RUNS:
-            lo = hi = float("nan")
-    except (TypeError, ValueError):
-        pass
-    try:
         lo, hi = float(lo), float(hi)
     except (TypeError, ValueError):
+        lo = hi = float("nan")
+    try:
+        few = n_runs is not None and int(n_runs) < MIN_RUNS
+    except (TypeError, ValueError):
+        few = False
+    if few:
         lo = hi = float("nan")
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "yes" if meets(value, target) else "no"
     if meets(lo, target):
         return "yes"
     return "within" if meets(hi, target) else "no"
+
+
+def reaches_row(row, col: str, target: float) -> str:
+    """:func:`reaches` of a table row's ``col`` with its interval ``col_lo``/``col_hi`` and its ``n_runs``."""
+    return reaches(row.get(col), row.get(f"{col}_lo"), row.get(f"{col}_hi"), target, row.get("n_runs"))
 
 
 def within_margin(values, margin: float = MARGIN):

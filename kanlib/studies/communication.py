@@ -126,11 +126,16 @@ def plain_ddp(t: Table) -> Table:
     """The rows of a communication table that are plain DDP: the timed full-precision hook and every
     option of :data:`OPTION_FIELDS` at its plain value (a missing value predates the
     option: plain). The option fields leave the group fields, so figures do not facet by them."""
-    out = t.data
+    return t.with_data(plain_rows(t.data).copy(), [f for f in t.groups if f not in OPTION_FIELDS])
+
+
+def plain_rows(df: pd.DataFrame, skip: tuple = ()) -> pd.DataFrame:
+    """The rows of ``df`` (records or a table) with every option of :data:`OPTION_FIELDS` but ``skip`` at its plain
+    value (a missing value predates the option: plain)."""
     for f, v in OPTION_FIELDS.items():
-        if f in out:
-            out = out[out[f].isna() | (out[f].map(groups.hashable) == v)]
-    return t.with_data(out.copy(), [f for f in t.groups if f not in OPTION_FIELDS])
+        if f in df and f not in skip:
+            df = df[df[f].isna() | (df[f].map(groups.hashable) == v)]
+    return df
 
 
 def option_label(opts: dict, bucket_cap_mb: float, powersgd_rank: int | None = None) -> str:
@@ -530,9 +535,7 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
                 continue
             sel = groups.select_records(recs, {**gkey, "placement": p, "bucket_cap_mb": bb["bucket_cap_mb"],
                                                "nccl_algo": "" if bb["nccl_algo"] == "default" else bb["nccl_algo"]})
-            sel = sel[sel["comm_hook"].isin(["timed", "noop"])]
-            for f, v in OPTION_FIELDS.items():  # plain DDP only: not the no-op twins of gradient accumulation
-                if f != "comm_hook" and f in sel:
-                    sel = sel[sel[f].isna() | (sel[f].map(groups.hashable) == v)]
+            # plain DDP's timed runs and no-op twins only: not the no-op twins of gradient accumulation
+            sel = plain_rows(sel[sel["comm_hook"].isin(["timed", "noop"])], skip=("comm_hook",))
             _prediction_answer(sel, key, p, label, fit.fits, goals.target_efficiency, rows, text, check.exposed_band)
     return rows, text

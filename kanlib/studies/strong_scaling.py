@@ -268,15 +268,13 @@ def reaches(row, target: float) -> bool:
     study measured 70-75% at two processes in five quiet runs and 99-101% in a sixth (the one-process baseline's
     runs fall into a fast and a slow mode, as weak scaling's do), with upper ends from 76% to 111%: on the medians or
     on the upper ends the answer flipped between runs; its low end (49-74%) was below 80% in all six."""
-    return stats.reaches(row.get("efficiency"), row.get("efficiency_lo"), row.get("efficiency_hi"), target,
-                         row.get("n_runs")) == "yes"
+    return stats.reaches_row(row, "efficiency", target) == "yes"
 
 
 def within_note(rows, target: float) -> str:
     """'; not shown, their 95% intervals hold 80%: 1x2 70% [56%, 81%]' for the ``rows`` (an iterable of rows) whose
     intervals hold ``target`` without all of it reaching it; '' when none does."""
-    held = [r for r in rows if stats.reaches(r.get("efficiency"), r.get("efficiency_lo"), r.get("efficiency_hi"),
-                                             target, r.get("n_runs")) == "within"]
+    held = [r for r in rows if stats.reaches_row(r, "efficiency", target) == "within"]
     if not held:
         return ""
     return (f"; not shown, their 95% intervals hold {target:.0%}: "

@@ -203,8 +203,7 @@ def smallest_efficient_batch(weak: pd.DataFrame, target: float, placement: str |
     w = weak if placement is None else weak[weak["placement"] == placement]
     n_max = int(w["world_size"].max())
     at = w[w["world_size"] == n_max].sort_values("local_batch")
-    ok = at[[stats.reaches(r.get("weak_efficiency"), r.get("weak_efficiency_lo"), r.get("weak_efficiency_hi"),
-                           target, r.get("n_runs")) == "yes" for _, r in at.iterrows()]]
+    ok = at[[stats.reaches_row(r, "weak_efficiency", target) == "yes" for _, r in at.iterrows()]]
     if ok.empty:
         finite = at["weak_efficiency"].where(np.isfinite(at["weak_efficiency"]))
         return None, n_max, float(finite.max()) if finite.notna().any() else float("nan")
@@ -226,8 +225,7 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
             if b is None:
                 best = g[(g["placement"] == p)].sort_values("weak_efficiency").iloc[-1]
                 held = [r for _, r in g[(g["placement"] == p) & (g["world_size"] == n)].iterrows()
-                        if stats.reaches(r["weak_efficiency"], r.get("weak_efficiency_lo"),
-                                         r.get("weak_efficiency_hi"), target, r.get("n_runs")) == "within"]
+                        if stats.reaches_row(r, "weak_efficiency", target) == "within"]
                 note = (f"; not shown, its 95% interval holds {target:.0%}: "
                         + ", ".join(f"{int(r['local_batch'])} at {fmt.pct_ci(r, 'weak_efficiency')}" for r in held)
                         if held else "")
