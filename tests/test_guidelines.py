@@ -222,8 +222,9 @@ def test_the_cli_refuses_missing_empty_and_failed_only_folders_and_a_zero_target
 
 def test_the_prediction_extrapolates_plain_ddp_not_the_gradient_accumulation_twins(calibrated):
     """The predicted world size extrapolates the plain-DDP point's measured compute: runs of the same placement and
-    bucket size with gradient accumulation (here their no-op runs: 16 micro-steps, 16 times the step) are another point, and adding
-    them changes nothing (they had been pooled into the median compute, and moved the interval it travels with)."""
+    bucket size with gradient accumulation (here their no-op runs: 16 micro-steps, 16 times the step) are another
+    point, and adding them changes nothing (they had been pooled into the median compute, and moved the interval it
+    travels with)."""
     def predicted(g):
         t = g.table[g.table["question"].str.contains("predicted largest world size")]
         return dict(zip(t["group"] + " " + t["question"], t["answer"]))

@@ -889,7 +889,8 @@ class ModelValidation:
                 "waiting_share_median_abs_err": self.waiting_share_median_abs_err, "step_margin": self.step_margin,
                 "exposed_margin": self.exposed_margin, "step_max_abs_err": self.step_max_abs_err,
                 "step_median_lo": self.step_median_lo, "exposed_median_lo": self.exposed_median_lo,
-                "exposed_median_hi": self.exposed_median_hi, "step_ok": self.step_ok, "exposed_ok": self.exposed_ok, "ok": self.ok}
+                "exposed_median_hi": self.exposed_median_hi, "step_ok": self.step_ok, "exposed_ok": self.exposed_ok,
+                "ok": self.ok}
 
 
 def model_validation(parity_or_records: pd.DataFrame, fits: dict[tuple, CollFit] | None = None,
