@@ -57,6 +57,63 @@ class PhaseClock:
         return out
 
 
+# The host allocator (glibc malloc) on its defaults serves each block above a threshold (at most 32 MiB, moving as
+# blocks are freed) with a fresh mapping, returns it to the kernel when freed, and trims the heap's top: such a step's
+# tensors are faulted in again, page by page, every step. On a 2-core VM a one-process KAN step at 2048 samples ran
+# at 31-34 or 36-51 ms from one run to the next in one worker, as the threshold moved, and at a global batch of 8192
+# (tensors above 32 MiB) at 200 ms with 3.1 million page faults a run against 129 ms from the heap: the one-process
+# baseline, and with it every efficiency, measured the allocator. ``steady`` serves every block from the heap and does
+# not trim it during a run, as CUDA's caching allocator keeps a step's memory. KANLIB_HOST_MALLOC=system leaves
+# glibc's defaults. docs/measurement.md, benchmarks/host_malloc.py.
+HOST_MALLOC_ENV = "KANLIB_HOST_MALLOC"
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4  # mallopt parameters (malloc.h)
+_TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: never trim the heap's top on its own
+_HOST_MALLOC: dict = {"mode": None, "libc": None}
+
+
+def _libc():
+    """glibc through ctypes, or None (not Linux, musl, or a libc without mallopt)."""
+    if _HOST_MALLOC["libc"] is None:
+        lib = False
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                cand = ctypes.CDLL("libc.so.6")
+                if hasattr(cand, "mallopt") and hasattr(cand, "malloc_trim"):
+                    lib = cand
+            except OSError:
+                pass
+        _HOST_MALLOC["libc"] = lib
+    return _HOST_MALLOC["libc"] or None
+
+
+def steady_host_allocator() -> str:
+    """Serve every block of this process from glibc malloc's heap, untrimmed during a run (once; later calls return the
+    mode; the heap is trimmed between runs by :func:`release_host_memory`): returns
+    ``steady`` when applied, ``system`` where KANLIB_HOST_MALLOC=system asks to leave the defaults or there is no
+    glibc (the record's ``host_malloc``). Unknown values of the variable raise, naming it."""
+    if _HOST_MALLOC["mode"] is not None:
+        return _HOST_MALLOC["mode"]
+    want = os.environ.get(HOST_MALLOC_ENV, "steady").strip().lower() or "steady"
+    if want not in ("steady", "system"):
+        raise ValueError(f"{HOST_MALLOC_ENV}={os.environ[HOST_MALLOC_ENV]!r}: expected 'steady' or 'system'")
+    lib = _libc() if want == "steady" else None
+    ok = lib is not None and all(lib.mallopt(p, v) == 1 for p, v in (
+        (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD), (_M_TOP_PAD, 0)))
+    _HOST_MALLOC["mode"] = "steady" if ok else "system"
+    return _HOST_MALLOC["mode"]
+
+
+def release_host_memory() -> None:
+    """Give the C heap's free memory back to the kernel (glibc's ``malloc_trim``; nothing without glibc): as a run
+    ends and as its peak-memory window starts (after warm-up), so a run's resident set, and with it its peak, starts
+    from what is live, not from what the warm-up or an earlier run of the process freed."""
+    lib = _libc()
+    if lib is not None:
+        lib.malloc_trim(0)
+
+
 _CPU_PEAK_RESET = {"ok": False}  # whether this process's resident high-water mark was reset (per-run peak)
 
 
@@ -67,6 +124,7 @@ def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
+    release_host_memory()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -218,6 +276,7 @@ class InterferenceProbe:
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         return {"t": time.monotonic(), "cpus": cpus, "jiffies": _cpu_jiffies(), "sched": _threads_schedstat(),
                 "nivcsw": resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw,
+                "minflt": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
                 "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
     def start(self) -> None:
@@ -243,7 +302,7 @@ class InterferenceProbe:
         out = {"host": socket.gethostname(), "window_s": b["t"] - a["t"], "cpus": list(busy), "busy_s": busy,
                "steal_s": steal, "own_cpu_s": sched[0] if sched else None,
                "main_wait_s": sched[1] if sched else None, "nivcsw": b["nivcsw"] - a["nivcsw"],
-               "load_start": a["load"], "load_end": b["load"]}
+               "minflt": b["minflt"] - a["minflt"], "load_start": a["load"], "load_end": b["load"]}
         if self.device is not None and self.device.type == "cuda":
             out.update(gpu_interference(self.device))
         return out
@@ -284,6 +343,7 @@ def combine_interference(per_rank: list[dict]) -> dict:
         return {**gpu, "foreign_cpu_frac": None, "steal_frac": None, "runqueue_wait_frac": None,
                 "foreign_wait_frac": None,
                 "involuntary_switches": max((r["nivcsw"] for r in per_rank if r), default=None),
+                "minor_page_faults": max((r["minflt"] for r in per_rank if r and "minflt" in r), default=None),
                 "load_1m_start": per_rank[0].get("load_start") if per_rank and per_rank[0] else None,
                 "load_1m_end": per_rank[0].get("load_end") if per_rank and per_rank[0] else None,
                 "interference_window_s": None}
@@ -309,6 +369,7 @@ def combine_interference(per_rank: list[dict]) -> dict:
             "runqueue_wait_frac": max(r["main_wait_s"] / r["window_s"] for r in ranks if r["window_s"] > 0),
             "foreign_wait_frac": max(explained) if explained else None,
             "involuntary_switches": max(r["nivcsw"] for r in ranks),
+            "minor_page_faults": max((r["minflt"] for r in ranks if "minflt" in r), default=None),
             "load_1m_start": ranks[0]["load_start"], "load_1m_end": ranks[0]["load_end"],
             "interference_window_s": max(r["window_s"] for r in ranks)}
 

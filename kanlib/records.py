@@ -371,6 +371,13 @@ class RunRecord:
         "threads)"))
     involuntary_switches: int | None = field(default=None, metadata=_doc(
         "largest number of involuntary context switches of any rank's process during the measured steps"))
+    minor_page_faults: int | None = field(default=None, metadata=_doc(
+        "largest number of minor page faults of any rank's process during the measured steps (`getrusage`): memory "
+        "the allocator gave back to the kernel and took again (see `host_malloc`)"))
+    host_malloc: str = field(default="", metadata=_doc(
+        "the host allocator's setting: `steady` (every block from glibc malloc's heap, not trimmed during a run: "
+        "kanlib.metrics.steady_host_allocator), `system` (glibc's defaults: KANLIB_HOST_MALLOC=system, or no glibc); "
+        "empty in records written before it was recorded"))
     load_1m_start: float | None = field(default=None, metadata=_doc("1-minute load average when the measured steps "
                                                                     "began (rank 0's host)"))
     load_1m_end: float | None = field(default=None, metadata=_doc("1-minute load average when they ended"))

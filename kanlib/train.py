@@ -37,7 +37,8 @@ from kanlib.config import RunConfig  # noqa: E402
 from kanlib.data import make_dataset  # noqa: E402
 from kanlib.distributed import AsyncFlag, DistInfo  # noqa: E402
 from kanlib.metrics import (InterferenceProbe, PhaseClock, combine_interference, device_memory,  # noqa: E402
-                            model_state_bytes, peak_memory_bytes, reset_peak_memory, summarize)
+                            model_state_bytes, peak_memory_bytes, release_host_memory, reset_peak_memory,
+                            steady_host_allocator, summarize)
 from kanlib.model import build_model, compile_seconds, count_params, kernel_paths  # noqa: E402
 from kanlib.records import RunRecord, StepRow  # noqa: E402
 
@@ -122,6 +123,7 @@ def start_or_resume(cfg: RunConfig, group: distributed.Group) -> Run:
     info = group.info
     started_at = records.now_iso()
     compile_before = compile_seconds()
+    steady_host_allocator()  # once per process: a step's host memory stays mapped from run to run (metrics)
     reset_peak_memory(info.device)  # this run's peak, not an earlier run's of the same process
     run_dir = cfg.run_dir()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -540,7 +542,8 @@ def finish(run: Run) -> RunRecord | None:
         final_val_accuracy=final["val_accuracy"], chance_accuracy=run.data.chance_accuracy,
         resumed_from_step=run.start_step, attempt=run.attempt, n_skipped_steps=run.n_skipped,
         n_grid_updates=run.n_grid_updates, earlier_attempts=records.earlier_attempts(run.run_dir),
-        **optim.record_fields(run.evals, first, run.model), **interference, **target)
+        **optim.record_fields(run.evals, first, run.model), **interference, **target,
+        host_malloc=steady_host_allocator())
     records.atomic_write_json(os.path.join(run.run_dir, records.RECORD_NAME), rec)
     checkpoint.remove_all(run.run_dir)  # complete: model.pt holds the final parameters
     return rec
@@ -558,25 +561,7 @@ def release(run: Run) -> None:
     gc.collect()
     if run.info.device.type == "cuda":
         torch.cuda.empty_cache()
-    _return_free_memory()
-
-
-def _return_free_memory() -> None:
-    """Give the C heap's free memory back to the OS (glibc's ``malloc_trim``), so the next run's resident set,
-    and with it its peak, starts from what is live, not from what an earlier run of the process freed."""
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        try:
-            import ctypes
-
-            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc
-            _MALLOC_TRIM = False
-    if _MALLOC_TRIM:
-        _MALLOC_TRIM(0)
-
-
-_MALLOC_TRIM = None
+    release_host_memory()
 
 
 def _powersgd_stats(comm) -> dict | None:
