@@ -49,6 +49,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kanlib.bspline import local_bspline
 
@@ -559,6 +560,63 @@ def _warn_once(key, msg: str) -> None:
         warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
 
+def _alias_without_spaces(target: str, kind: str) -> str | None:
+    """A whitespace-free symbolic link to ``target`` in a private folder of the temporary directory (made
+    atomically, so that the ranks of a launch may race), or None where that folder's own path has whitespace."""
+    import hashlib
+    import tempfile
+
+    base = os.path.join(tempfile.gettempdir(), f"kanlib-paths-{os.getuid() if hasattr(os, 'getuid') else 0}")
+    if any(c.isspace() for c in base):
+        return None
+    link = os.path.join(base, f"{kind}-{hashlib.sha1(target.encode()).hexdigest()[:12]}")
+    if os.path.islink(link) and os.path.realpath(link) == os.path.realpath(target):
+        return link
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    tmp = f"{link}.{os.getpid()}.{threading.get_ident()}"
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+    return link
+
+
+def compile_paths_without_spaces() -> dict:
+    """Let inductor's C++ builds run where a path it passes to the compiler has whitespace.
+
+    torch (2.13) writes the CPU compiler's command line as one string and splits it on whitespace, its own
+    include and library folders and the output file unquoted: with torch installed under a folder whose path
+    has a space (a checkout in ``~/My Projects``, a virtual environment inside it) or an inductor cache folder
+    with one, every CPU compile fails ("C++ compile error") and the KAN layers run the eager fast path; a
+    default study in such a clone ran every run on ``fast``. This points inductor at whitespace-free symbolic
+    links to those folders (``<tmp>/kanlib-paths-<uid>/``; same files, same cache). Returns what it aliased
+    (``{"torch": link, "cache": link}``, empty where nothing had whitespace); idempotent; a failure leaves
+    things as they were, for the first compile to report."""
+    done = {}
+    try:
+        import torch.utils.cpp_extension as cpp_extension
+        from torch._inductor import cpp_builder
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        torch_dir = getattr(cpp_extension, "_TORCH_PATH", "")
+        if any(c.isspace() for c in torch_dir):
+            link = _alias_without_spaces(torch_dir, "torch")
+            if link:
+                cpp_extension._TORCH_PATH = link
+                cpp_extension.TORCH_LIB_PATH = os.path.join(link, "lib")
+                if hasattr(cpp_builder, "_TORCH_PATH"):
+                    cpp_builder._TORCH_PATH = link
+                    cpp_builder._LINKER_SCRIPT = os.path.join(link, "_inductor", "script.ld")
+                done["torch"] = link
+        cache = cache_dir()  # creates it, and fixes TORCHINDUCTOR_CACHE_DIR to its absolute path
+        if any(c.isspace() for c in cache):
+            link = _alias_without_spaces(cache, "inductor-cache")
+            if link:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = link
+                done["cache"] = link
+    except Exception:  # noqa: BLE001 - the first compile reports the real problem
+        pass
+    return done
+
+
 _PREPARING: dict = {}
 
 
@@ -578,6 +636,7 @@ def prepare_compile(device_type: str = "cpu", background: bool = True) -> None:
     def work():
         try:
             import torch._inductor.compile_fx  # noqa: F401
+            compile_paths_without_spaces()
             if device_type == "cpu":
                 remember_isa_probes()
                 from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -670,12 +729,13 @@ def _run_compiled(fn, *args):
         raise CompileUnavailable(_BROKEN[device_type])
     try:
         if fn not in _COMPILED:
+            compile_paths_without_spaces()
             if device_type == "cpu":
                 remember_isa_probes()
             # fullgraph: a graph break would leave part of the kernel eager without telling anyone, and
             # it makes the recompile limit raise instead of silently running eagerly.
             _COMPILED[fn] = torch.compile(fn, dynamic=False, fullgraph=True)
-        return _COMPILED[fn](*args)
+        return _outside_ddp(_COMPILED[fn], args)
     except Exception as e:  # noqa: BLE001 - any failure of the compiler means "run eagerly"
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:200]
         if type(e).__name__ == "FailOnRecompileLimitHit":
@@ -686,6 +746,24 @@ def _run_compiled(fn, *args):
         _warn_once(device_type, f"kanlib: torch.compile unavailable on {device_type} ({reason}); "
                    f"KAN layers there run the eager fast path")
         raise CompileUnavailable(reason) from e
+
+
+def _outside_ddp(compiled, args):
+    """``compiled(*args)`` with no DDP module marked active.
+
+    Inside a DDP forward dynamo hands every frame it compiles to its DDPOptimizer, which splits a model's graph
+    at DDP's bucket boundaries and refuses a bucket cap below DDP's first bucket (1 MiB): a kernel first
+    compiled in a run with ``bucket_cap_mb=0.01`` failed ("First bucket should be smaller/equal to other
+    buckets"), and compiling stayed off for every later run of that worker group. These kernels hold no
+    parameters, so there is nothing to split; DDP's own marker is restored at once (a class attribute)."""
+    active = getattr(DDP, "_active_ddp_module", None)
+    if active is None:
+        return compiled(*args)
+    DDP._active_ddp_module = None
+    try:
+        return compiled(*args)
+    finally:
+        DDP._active_ddp_module = active
 
 
 def _call(paths: set, fn, *args):

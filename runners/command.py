@@ -120,7 +120,7 @@ def check_timeout(timeout_s) -> None:
 def torchrun_command(cfg: Config, *, python: str = sys.executable, standalone: bool = True,
                      rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
                      max_restarts: int = 0, entry: list[str] | None = None,
-                     program: list[str] | None = None) -> list[str]:
+                     program: list[str] | None = None, log_dir: str | None = None) -> list[str]:
     """The torchrun command line of one run, or of a worker group (one torchrun per node).
 
     The workers run ``program`` (e.g. ``["-m", "kanlib.worker", "--plan=PATH"]``) when given, else
@@ -131,6 +131,10 @@ def torchrun_command(cfg: Config, *, python: str = sys.executable, standalone: b
     cannot collide; a fixed port that is taken would make torchrun wait as a client of whatever holds it)
     and ``rdzv_id`` to a fresh uuid. Otherwise a c10d rendezvous at ``rdzv_endpoint`` (``host:port``) with
     id ``rdzv_id`` joins ``cfg.nnodes`` torchrun invocations.
+
+    ``log_dir``: torchrun's own folder (a subfolder per launch attempt and rank holding the ranks' ``error.json``);
+    default :func:`torchrun_log_dir`, beside the launch's log. Left to torchrun it is a new
+    ``/tmp/torchelastic_*`` per launch that nothing removes (a default study left 17 of them).
     """
     cmd = [python, "-m", "torch.distributed.run"]
     if standalone:
@@ -144,9 +148,20 @@ def torchrun_command(cfg: Config, *, python: str = sys.executable, standalone: b
             raise ValueError("a multi-node launch needs rdzv_endpoint (host:port) and rdzv_id")
         cmd += [f"--nnodes={cfg.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
                 f"--rdzv-id={rdzv_id}"]
-    cmd += [f"--nproc-per-node={cfg.nproc_per_node}", f"--max-restarts={max_restarts}"]
+    cmd += [f"--nproc-per-node={cfg.nproc_per_node}", f"--max-restarts={max_restarts}",
+            f"--log-dir={log_dir or torchrun_log_dir(cfg, program)}"]
     cmd += list(program) if program else (entry or ["-m", type(cfg).ENTRY]) + cfg.to_cli()
     return cmd
+
+
+def torchrun_log_dir(cfg: Config, program: list[str] | None = None) -> str:
+    """Where torchrun keeps its per-attempt, per-rank folders: ``torchrun/`` beside a worker group's plan (the
+    launch's folder) when ``program`` runs one, else in the run's folder; both on the shared file system on a
+    cluster, and torchrun makes a uniquely named subfolder per node and attempt inside it."""
+    for arg in program or ():
+        if arg.startswith("--plan="):
+            return os.path.join(os.path.dirname(os.path.abspath(arg[len("--plan="):])), "torchrun")
+    return os.path.join(cfg.run_dir(), "torchrun")
 
 
 def worker_program(plan_path: str) -> list[str]:

@@ -361,11 +361,11 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _child(tmp_path, **env):
+def _child(tmp_path, first_on_path: str | None = None, **env):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    full = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                OMP_NUM_THREADS="1", **env)
+    path = [p for p in (first_on_path, str(REPO), os.environ.get("PYTHONPATH")) if p]
+    full = dict(os.environ, PYTHONPATH=os.pathsep.join(path), OMP_NUM_THREADS="1", **env)
     out = subprocess.run([sys.executable, str(script)], env=full, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     import json
@@ -391,6 +391,57 @@ def test_second_process_loads_compiled_kernels_from_the_cache(tmp_path):
     assert first["fx_miss"] > 0 and first["fx_hit"] == 0
     assert second["fx_miss"] == 0 and second["fx_hit"] == first["fx_miss"]  # nothing compiled again
     assert second["err"] < 1e-5
+
+
+@pytest.mark.slow
+def test_compiled_kernels_build_where_torch_and_the_cache_live_under_paths_with_spaces(tmp_path):
+    """torch's inductor splits its compiler command line on whitespace: from a clone at "/tmp/new user/kanlib"
+    (its virtual environment inside) every run of a default study ran the eager fast path. Here torch is
+    imported through a folder with a space (a symbolic link to the installed package) and the cache has one."""
+    site = tmp_path / "my projects" / "site"
+    site.mkdir(parents=True)
+    os.symlink(os.path.dirname(torch.__file__), site / "torch")
+    cache = tmp_path / "inductor cache"
+    check = subprocess.run([sys.executable, "-c", "import torch; print(torch.__file__)"], capture_output=True,
+                           text=True, env=dict(os.environ, PYTHONPATH=str(site)), timeout=120)
+    assert check.stdout.startswith(str(site)), check.stdout + check.stderr  # the space is in torch's own path
+    res = _child(tmp_path, first_on_path=str(site), TORCHINDUCTOR_CACHE_DIR=str(cache))
+    assert res["paths"] == ["compiled"], res["warnings"]
+    assert res["warnings"] == [] and res["err"] < 1e-5
+    assert res["fx_miss"] > 0 and any(cache.iterdir())  # compiled into the cache asked for, through its alias
+
+
+DDP_CHILD = textwrap.dedent("""
+    import json, sys, warnings
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    warnings.simplefilter("always")
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+    from kanlib.model import KAN, kernel_paths
+    with warnings.catch_warnings(record=True) as caught:
+        model = DDP(KAN([4, 16, 1]), bucket_cap_mb=float(sys.argv[2]))
+        x = torch.rand(64, 4) * 2 - 1
+        model(x).sum().backward()
+    print(json.dumps({"paths": kernel_paths(model), "active": DDP._get_active_ddp_module() is not None,
+                      "warnings": [str(w.message) for w in caught if "kanlib" in str(w.message)]}))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bucket_cap_mb", [0.01, 25.0])
+def test_kernels_first_compiled_inside_a_ddp_forward_compile_whatever_the_bucket_size(tmp_path, bucket_cap_mb):
+    """Inside a DDP forward dynamo compiles through its DDPOptimizer, which refused buckets below 1 MiB: the first
+    run of the communication study's 0.01 MiB buckets turned compiling off for its whole worker group."""
+    script = tmp_path / "ddp child.py"
+    script.write_text(DDP_CHILD)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+               OMP_NUM_THREADS="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "store"), str(bucket_cap_mb)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res == {"paths": ["compiled"], "active": False, "warnings": []}
 
 
 def test_prepare_compile_is_idempotent_and_leaves_compiling_working(fresh_dynamo):

@@ -1,8 +1,10 @@
 """The torchrun command builder, and real multi-process gloo runs under torchrun."""
 
+import glob
 import json
 import os
 import re
+import tempfile
 import pytest
 import torch
 
@@ -29,6 +31,12 @@ def test_command_builder_local_and_multinode(tmp_path):
     i = cmd.index("kanlib.train")
     assert cmd[i - 1] == "-m"
     assert RunConfig.from_cli(cmd[i + 1:]) == cfg
+    # torchrun's own folder goes with the run (a worker group's: beside its plan), never a new /tmp/torchelastic_*
+    assert f"--log-dir={os.path.join(cfg.run_dir(), 'torchrun')}" in cmd
+    plan = os.path.join(str(tmp_path), "launches", "a b", "plan.json")
+    cmd = torchrun_command(cfg, program=["-m", "kanlib.worker", f"--plan={plan}"])
+    assert f"--log-dir={os.path.join(os.path.dirname(plan), 'torchrun')}" in cmd
+    assert f"--log-dir={tmp_path}" in torchrun_command(cfg, log_dir=str(tmp_path))
     multi = tiny(tmp_path, nnodes=2)
     cmd = torchrun_command(multi, standalone=False, rdzv_endpoint="node1:29501", rdzv_id="42")
     assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node1:29501", "--rdzv-id=42"} <= set(cmd)
@@ -51,7 +59,11 @@ def test_two_process_run_writes_a_complete_record(tmp_path):
     from dataclasses import fields
 
     cfg = tiny(tmp_path, nproc_per_node=2, comm_hook="timed")
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "torchelastic_*")))
     rec = run(cfg, echo=False)
+    # torchrun's per-rank folders went into the launch's folder; it left nothing in the temporary directory
+    assert glob.glob(os.path.join(str(tmp_path), "t", "launches", "*", "torchrun", "*"))
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "torchelastic_*"))) <= before
     assert rec["world_size"] == 2 and rec["backend"] == "gloo" and rec["status"] == "ok"
     required = {"schema_version", "run_id", "study", "world_size", "nnodes", "backend", "device",
                 "torch_version", "git_sha", "hostname", "started_at", "n_params", "step_time_s",
