@@ -16,6 +16,8 @@ def test_fsdp_table_and_the_size_where_it_pays(tmp_path):
     size = model_size.table(load.load_records(str(tmp_path)))
     f = model_size.fsdp_table(size)
     assert f["n_params"].tolist() == [10_000, 100_000, 1_000_000, 10_000_000]
+    d = size.data  # the peak memory's interval, which the memory-or-time rule reads
+    assert (d["peak_mem_lo"] <= d["peak_mem_bytes"]).all() and (d["peak_mem_bytes"] <= d["peak_mem_hi"]).all()
     assert f["mem_ratio"].iloc[-1] == pytest.approx((1e8 + 8e7) / (1e8 + 1.6e8))
     assert f["step_ratio"].tolist() == pytest.approx([1.3] * 4)
     assert f["state_fsdp_bytes"].tolist() == pytest.approx((f["state_ddp_bytes"] / 2).tolist())
@@ -49,6 +51,27 @@ def test_a_memory_fit_that_does_not_grow_is_not_extrapolated():
         model_size.memory_or_time_limit(size, 80 * 2**30, 1.0)
     size["peak_mem_bytes"] = [1e8, 2e8, 5e8]  # grows: the limit is extrapolated
     assert model_size.memory_or_time_limit(size, 80 * 2**30, 1.0)["limit"] in ("memory", "time")
+
+
+def test_with_repeats_a_growth_inside_the_runs_noise_is_not_extrapolated():
+    """Three default studies, one run per size: the KAN's resident set (its state grows by under 1 MB from 880 to
+    42,880 parameters) "grew" 5% in one of them and a limit was extrapolated from it. With five runs per size the
+    growth must also clear the runs: the largest size's interval above the smallest's."""
+    size = pd.DataFrame({"model": "kan", "n_params": [880, 42_880], "n_runs": [5, 5],
+                         "peak_mem_bytes": [4.70e8, 4.95e8], "peak_mem_lo": [4.60e8, 4.75e8],
+                         "peak_mem_hi": [4.90e8, 5.20e8], "step_time_s": [0.002, 0.009],
+                         "step_time_lo": [0.0019, 0.0085], "step_time_hi": [0.0021, 0.0095]})
+    with pytest.raises(ValueError, match=r"peak memory of kan did not grow measurably \(by 5%\) with the parameter "
+                                         r"count over the measured sizes \(880 to 42,880 parameters, beyond the 95% "
+                                         r"intervals of their runs\)"):
+        model_size.memory_or_time_limit(size, 80 * 2**30, 1.0)
+    clear = size.assign(peak_mem_lo=[4.60e8, 4.91e8])  # the same medians, the intervals apart: it grew
+    assert model_size.memory_or_time_limit(clear, 80 * 2**30, 1.0)["limit"] in ("memory", "time")
+    one_run = size.assign(n_runs=[1, 1])  # no interval: decided on the medians, as before
+    assert model_size.memory_or_time_limit(one_run, 80 * 2**30, 1.0)["limit"] in ("memory", "time")
+    slow = clear.assign(step_time_lo=[0.0019, 0.0015], step_time_hi=[0.0021, 0.0095])  # step time within noise
+    with pytest.raises(ValueError, match=r"^step time of kan did not grow measurably"):
+        model_size.memory_or_time_limit(slow, 80 * 2**30, 1.0)
 
 
 def test_model_size_figure_colours_match_in_all_four_panels(study_dir):
