@@ -36,8 +36,8 @@ NOTEBOOKS := $(LAUNCH) $(ANALYSES) 05_guidelines
 PARAMS ?=
 # A folder of per-notebook parameter files (notebooks/params/<set>/): launch.yaml for every launch
 # notebook, then <notebook>.yaml. A notebook refuses a parameter it does not have, so each file holds only
-# its notebook's keys. The default, `study`, sizes the study whose conclusions hold on a 2-core machine in
-# about 10 minutes; the notebooks' own defaults are tiny (CI runs them under nbval); PARAMS_SET=gpu_cluster
+# its notebook's keys. The default, `study`, runs five repeats per point on a 2-core machine in about 8
+# minutes (11 cold); the notebooks' own defaults are tiny (CI runs them under nbval); PARAMS_SET=gpu_cluster
 # for a GPU cluster; PARAMS_SET= for the notebooks' defaults.
 PARAMS_SET ?= study
 # Analysis notebooks run this many at a time, after every launch notebook has finished (nothing they do is timed),
