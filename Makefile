@@ -2,7 +2,9 @@
 # Both create .venv if it is missing and install kanlib with its notebook and test extras.
 PYTHON ?= python3
 VENV ?= .venv
-PY := $(VENV)/bin/python
+# Quoted: a virtual environment at a path with a space (VENV=/home/me/My Projects/kanlib/.venv) still runs; STAMP, a
+# make target, cannot hold a space: set STAMP= to a path without one there.
+PY := "$(VENV)/bin/python"
 # CPU wheel of torch; the package itself accepts any torch >= 2.6 (see pyproject.toml).
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.kanlib-installed
@@ -14,7 +16,7 @@ PAPERMILL := $(PY) -m papermill --cwd notebooks --log-output --progress-bar
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv "$(VENV)"
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"
 	$(PY) -m pip install -q -e ".[notebooks,test]"
