@@ -5,6 +5,7 @@ import ast
 import hashlib
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -271,7 +272,8 @@ def test_make_study_writes_to_an_absolute_out_even_with_spaces(tmp_path):
     write_study(out)  # the fake papermill runs nothing: the records the summary at the end reads
     venv = os.path.dirname(os.path.dirname(sys.executable))
     run = subprocess.run(["make", "-C", notebook.REPO, "study", f"VENV={venv}", f"STAMP={stamp}",
-                          f"PAPERMILL={sys.executable} {fake}", f"OUT={out}", "PARAMS_SET=gpu_cluster",
+                          f"PAPERMILL={shlex.quote(sys.executable)} {shlex.quote(str(fake))}", f"OUT={out}",
+                          "PARAMS_SET=gpu_cluster",
                           "NOTEBOOKS=01_strong_scaling 05_guidelines", "ANALYSES="],
                          # inside an allocation (as after salloc) a SLURM parameter set runs here, no batch job
                          capture_output=True, text=True, timeout=300, env={**os.environ, "SLURM_JOB_ID": "4242"})
@@ -324,7 +326,8 @@ def _make_study_with_analyses(tmp_path, jobs="2", fail="", race=""):
     venv = os.path.dirname(os.path.dirname(sys.executable))
     analyses = "01_strong_scaling_analysis 02_weak_scaling_analysis 04_model_size_scaling_analysis"
     run = subprocess.run(["make", "-C", notebook.REPO, "study", f"VENV={venv}", f"STAMP={stamp}",
-                          f"PAPERMILL={sys.executable} {fake}", f"OUT={out}", "PARAMS_SET=", f"JOBS={jobs}",
+                          f"PAPERMILL={shlex.quote(sys.executable)} {shlex.quote(str(fake))}", f"OUT={out}",
+                          "PARAMS_SET=", f"JOBS={jobs}",
                           f"NOTEBOOKS=01_strong_scaling {analyses} 05_guidelines", f"ANALYSES={analyses}"],
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "FAIL_NOTEBOOK": fail, "RACE_NOTEBOOK": race})

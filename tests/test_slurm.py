@@ -60,8 +60,8 @@ def test_dry_run_renders_one_srun_torchrun_per_node(tmp_path):
                  "#SBATCH --time=01:00:00", "module load cuda/12.4", "export KANLIB_LAUNCHER=slurm",
                  "export NCCL_SOCKET_IFNAME=ib0", "export NCCL_DEBUG=WARN",
                  # printed as a shell would need it: a checkout at a path with a space is quoted
-                 "$ " + shlex.join(["sbatch", "--parsable", f"--output={run_dir}/slurm-%j.log", f"--chdir={os.getcwd()}",
-                                    f"{run_dir}/train.sbatch"])):
+                 "$ " + shlex.join(["sbatch", "--parsable", f"--output={run_dir}/slurm-%j.log",
+                                    f"--chdir={os.getcwd()}", f"{run_dir}/train.sbatch"])):
         assert line in text.splitlines(), f"missing line {line!r} in:\n{text}"
     tokens = srun_tokens(text)
     assert tokens[:6] == ["srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=4"]
