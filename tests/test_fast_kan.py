@@ -361,15 +361,16 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _child(tmp_path, first_on_path: str | None = None, **env):
+def _child(tmp_path, first_on_path: str | None = None, source: str = CHILD, args: tuple = (), **env):
+    """Run ``source`` in a fresh Python (this checkout on its path, after ``first_on_path``) with ``args`` and
+    ``env``; its last line of output, as JSON."""
     script = tmp_path / "child.py"
-    script.write_text(CHILD)
+    script.write_text(source)
     path = [p for p in (first_on_path, str(REPO), os.environ.get("PYTHONPATH")) if p]
     full = dict(os.environ, PYTHONPATH=os.pathsep.join(path), OMP_NUM_THREADS="1", **env)
-    out = subprocess.run([sys.executable, str(script)], env=full, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, str(script), *args], env=full, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    import json
-
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -433,14 +434,8 @@ DDP_CHILD = textwrap.dedent("""
 def test_kernels_first_compiled_inside_a_ddp_forward_compile_whatever_the_bucket_size(tmp_path, bucket_cap_mb):
     """Inside a DDP forward dynamo compiles through its DDPOptimizer, which refused buckets below 1 MiB: the first
     run of the communication study's 0.01 MiB buckets turned compiling off for its whole worker group."""
-    script = tmp_path / "ddp child.py"
-    script.write_text(DDP_CHILD)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-               OMP_NUM_THREADS="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
-    out = subprocess.run([sys.executable, str(script), str(tmp_path / "store"), str(bucket_cap_mb)], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res = _child(tmp_path, source=DDP_CHILD, args=(str(tmp_path / "store"), str(bucket_cap_mb)),
+                 TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     assert res == {"paths": ["compiled"], "active": False, "warnings": []}
 
 
