@@ -58,12 +58,19 @@ def test_killed_sweep_resumes_only_what_is_missing(tmp_path, sig):
     configs = [tiny(tmp_path, steps=s, seed=i, checkpoint_every=5) for i, s in enumerate([10, 400])]
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        # Wait until the second (long) run has written a checkpoint, then kill the sweep outright.
+        # Wait until the sweep has recorded the first run and the second (long) run has written a checkpoint,
+        # then kill the sweep outright. Both conditions: the worker group goes on to the second run without
+        # waiting for the sweep to write the first one's manifest row (it polls the group's events), so on a busy
+        # machine the checkpoint can come first (CI, stop 32: the row was not there yet when SIGKILL came).
         ckpt = os.path.join(configs[1].run_dir(), "checkpoints", "latest")
+
+        def reached() -> bool:
+            return os.path.exists(ckpt) and any(r["status"] == "ok" for r in manifest_rows(configs[0]))
+
         deadline = time.monotonic() + 90
-        while not os.path.exists(ckpt) and time.monotonic() < deadline and proc.poll() is None:
+        while not reached() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        assert os.path.exists(ckpt), "the sweep never reached its second run"
+        assert reached(), "the sweep never recorded its first run and checkpointed its second"
         proc.send_signal(sig)
         assert proc.wait(timeout=60) != 0
     finally:
