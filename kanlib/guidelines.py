@@ -119,12 +119,17 @@ def unstable_sentences(stability: pd.DataFrame) -> list[str]:
 
 
 def annotate(rows: list[dict], stability: pd.DataFrame, study: str) -> list[dict]:
-    """Each answer of ``study`` with ``runs`` (fewest runs of a point it rests on), ``ranked`` and ``rests_on``."""
+    """Each answer of ``study`` with ``runs`` (fewest runs of a point it rests on), ``ranked`` and ``rests_on``: its
+    unstable points, and for a threshold decision the points whose 95% intervals hold the target (the answer's
+    ``near``, :func:`kanlib.analysis.stats.near_note`): such a decision is near the target whichever way it went."""
     out = []
     for r in rows:
+        r = dict(r)
+        near = r.pop("near", "")
         pts = points_of(r, stability, study) if len(stability) else stability
         runs = int(pts["n_runs"].min()) if len(pts) else 0
-        out.append({**r, "runs": runs, "ranked": runs >= stats.MIN_RUNS, "rests_on": rests_on(pts)})
+        why = "; ".join(w for w in (rests_on(pts), near) if w)
+        out.append({**r, "runs": runs, "ranked": runs >= stats.MIN_RUNS, "rests_on": why})
     return out
 
 
@@ -208,6 +213,10 @@ def compare(a: Guidelines, b: Guidelines) -> pd.DataFrame:
     return both.reset_index(drop=True)
 
 
+NOT_NAMED = "NOT on unstable or disturbed points or near the target"
+"""What :func:`compare` says of a decision that differs although neither run named it."""
+
+
 def _why_differs(r) -> str:
     """For a decision that differs: whether it rests on unstable or disturbed points (in either study), or on
     points with too few runs; '' for one that does not, or does not differ."""
@@ -215,7 +224,7 @@ def _why_differs(r) -> str:
         return ""
     why = [f"{tag}: {r[f'rests_on_{tag}']}" for tag in ("a", "b")
            if isinstance(r.get(f"rests_on_{tag}"), str) and r[f"rests_on_{tag}"]]
-    return " | ".join(why) or "NOT on unstable or disturbed points"
+    return " | ".join(why) or NOT_NAMED
 
 
 def summary(g: Guidelines, width: int = 110) -> str:
@@ -230,7 +239,8 @@ def summary(g: Guidelines, width: int = 110) -> str:
     unstable = t[t["rests_on"].fillna("") != ""] if "rests_on" in t else t.iloc[0:0]
     unranked = t[~t["ranked"].astype(bool)] if "ranked" in t else t.iloc[0:0]
     ctx = g.context
-    lines.append(f"{len(t)} decisions; {len(unstable)} rest on unstable or disturbed points; {len(unranked)} rest on "
+    lines.append(f"{len(t)} decisions; {len(unstable)} rest on unstable or disturbed points or near the target; "
+                 f"{len(unranked)} rest on "
                  f"points with fewer than {stats.MIN_RUNS} runs (not ranked)")
     if ctx is not None:
         st = ctx.stability()
@@ -243,7 +253,8 @@ def summary(g: Guidelines, width: int = 110) -> str:
                          f", {int((st['n_runs'] < stats.MIN_RUNS).sum())} with fewer than {stats.MIN_RUNS} runs)")
         mc = ctx.model_check()
         lines.append(mc.describe()[0].upper() + mc.describe()[1:] + ".")
-    lines.append("! = rests on unstable/disturbed points or too few runs (report.html lists them).")
+    lines.append("! = rests on unstable/disturbed points, near the target, or on too few runs (report.html lists "
+                 "them).")
     return "\n".join(lines)
 
 
@@ -280,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     for _, r in table[~table["same"]].iterrows():
         print(f"differs: {r['question']} [{r['group']}]: rests on {r['unstable']}")
     print(f"{len(table) - differ} of {len(table)} answers the same" + (f"; {differ} differ" if differ else "")
-          + (f", {int((table['unstable'] == 'NOT on unstable or disturbed points').sum())} of them not on unstable "
-             f"or disturbed points" if differ else ""))
+          + (f", {int((table['unstable'] == NOT_NAMED).sum())} of them not on unstable or disturbed points or near "
+             f"the target" if differ else ""))
     return 1 if differ else 0
 
 

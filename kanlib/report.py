@@ -390,7 +390,7 @@ def _judge(claim: str, a, m: dict, other: str, guidelines, ctx) -> dict:
     t = guidelines.table
     n_unstable = int((t["rests_on"].fillna("") != "").sum())
     n_unranked = int((~t["ranked"].astype(bool)).sum())
-    num = (f"{len(t)} decisions: {n_unstable} rest on unstable points, {n_unranked} on fewer than "
+    num = (f"{len(t)} decisions: {n_unstable} rest on unstable points or near the target, {n_unranked} on fewer than "
            f"{stats.MIN_RUNS} runs")
     mc = ctx.model_check() if ctx is not None else None
     why = [other] if other else []
@@ -600,7 +600,7 @@ def guidelines_html(g) -> str:
                    for _, r in t.iterrows())
     items = "".join(f"<li>{html.escape(s)}</li>" for s in g.sentences)
     return ("<table class='decisions'><tr><th>question</th><th>group</th><th>answer</th><th>fewest runs per point"
-            "</th><th>rests on unstable points</th></tr>" + rows + "</table>"
+            "</th><th>rests on unstable points, or near the target</th></tr>" + rows + "</table>"
             + f"<details><summary>every guideline as a sentence ({len(g.sentences)})</summary><ul>{items}</ul>"
               f"</details>")
 
@@ -704,7 +704,7 @@ def readme_results(out_dir: str, guidelines=None) -> str:
     t = g.table
     lines.append(f"Stability: {int(st['unstable'].sum()) if len(st) else 0} of {len(st)} measured points unstable; "
                  f"{int((t['rests_on'].fillna('') != '').sum()) if len(t) else 0} of {len(t)} decisions rest on "
-                 f"unstable or disturbed points; {ctx.model_check().describe()}.")
+                 f"unstable or disturbed points or near the target; {ctx.model_check().describe()}.")
     lines += ["", README_END]
     return "\n".join(lines)
 

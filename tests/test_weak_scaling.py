@@ -33,11 +33,13 @@ def test_weak_scaling_keeps_models_and_placements_apart(tmp_path):
     assert len(t) == 5
 
 
-def test_the_smallest_batch_is_decided_on_its_interval():
-    """The 2048-per-process efficiency at 1x2 measured 75% [68%, 90%] in one quiet study run and 90% [73%, 95%] in
-    the next (the one-process baseline ran at 30 or at 37-39 ms from run to run): on the medians one said 'none'
-    and the other '2048'. A batch is taken only when its whole interval reaches the target (shown to): both say
-    none, and the answer names 2048 as held by its interval; a batch whose interval clears the target is taken."""
+def test_the_smallest_batch_is_decided_on_its_interval_with_the_margin():
+    """Two quiet studies of one code version measured the 2048-per-process efficiency at 1x2 at 86% [81%, 90%] and
+    81% [77%, 85%] (the one-process baseline ran 8% faster in the second session): on the whole interval alone one
+    said '2048' and the other 'none'. A batch is taken when its whole interval reaches the target, or its median does
+    and the interval's low end is within the 10% decision margin (>= 72% of an 80% target): both say 2048. A median
+    below the target, or a low end beyond the margin, is not taken (before the allocator fix the baseline was
+    bimodal: 75% [68%, 90%] in one study, and a wide interval reaching far below must not decide)."""
     import pandas as pd
 
     def weak(e, lo, hi):
@@ -45,23 +47,35 @@ def test_the_smallest_batch_is_decided_on_its_interval():
                              "weak_efficiency": [0.50, e], "weak_efficiency_lo": [0.45, lo],
                              "weak_efficiency_hi": [0.62, hi]})
 
-    assert weak_scaling.smallest_efficient_batch(weak(0.75, 0.68, 0.90), 0.8)[0] is None
-    assert weak_scaling.smallest_efficient_batch(weak(0.90, 0.73, 0.95), 0.8)[0] is None
-    assert weak_scaling.smallest_efficient_batch(weak(0.90, 0.82, 0.95), 0.8)[0] == 2048
+    assert weak_scaling.smallest_efficient_batch(weak(0.862, 0.814, 0.898), 0.8)[0] == 2048
+    assert weak_scaling.smallest_efficient_batch(weak(0.812, 0.771, 0.849), 0.8)[0] == 2048
+    assert weak_scaling.smallest_efficient_batch(weak(0.75, 0.68, 0.90), 0.8)[0] is None  # median below
+    assert weak_scaling.smallest_efficient_batch(weak(0.90, 0.71, 0.95), 0.8)[0] is None  # low end beyond the margin
     assert weak_scaling.smallest_efficient_batch(weak(0.85, float("nan"), float("nan")), 0.8)[0] == 2048  # median
 
 
 def test_the_answer_names_a_batch_its_interval_holds(tmp_path):
     from kanlib import guidelines
 
-    recs = []
-    for r, (t1, t2) in enumerate([(0.030, 0.040), (0.037, 0.041), (0.038, 0.040), (0.031, 0.042), (0.037, 0.039)]):
-        recs.append(rec(study="weak_scaling", world_size=1, global_batch=2048, step_time_s=t1, repeat=r))
-        recs.append(rec(study="weak_scaling", world_size=2, global_batch=4096, step_time_s=t2, repeat=r))
-    write_records(tmp_path, recs)
-    g = guidelines.from_out_dir(str(tmp_path))
-    [ans] = g.table[g.table["question"].str.contains("smallest per-process batch")]["answer"]
-    assert ans.startswith("none of 2048: best 2048 at") and "not shown, its 95% interval holds 80%: 2048 at" in ans
+    def answer(folder, times):
+        recs = []
+        for r, (t1, t2) in enumerate(times):
+            recs.append(rec(study="weak_scaling", world_size=1, global_batch=2048, step_time_s=t1, repeat=r))
+            recs.append(rec(study="weak_scaling", world_size=2, global_batch=4096, step_time_s=t2, repeat=r))
+        write_records(folder, recs)
+        g = guidelines.from_out_dir(str(folder))
+        [row] = g.table[g.table["question"].str.contains("smallest per-process batch")].to_dict("records")
+        return row
+
+    # median below the target (78%), interval up to 92%: not taken, and named as held by its interval
+    row = answer(tmp_path / "below", [(0.030, 0.040), (0.031, 0.041), (0.031, 0.040), (0.034, 0.040), (0.037, 0.039)])
+    assert row["answer"].startswith("none of 2048: best 2048 at")
+    assert "not shown, its 95% interval holds 80%: 2048 at" in row["answer"]
+    assert "near the 80% target (95% interval holds it): 2048 at 78%" in row["rests_on"]
+    # median 92% with the interval's low end (75%) within the margin: taken, and named as near the target
+    row = answer(tmp_path / "taken", [(0.030, 0.040), (0.037, 0.041), (0.038, 0.040), (0.031, 0.042), (0.037, 0.039)])
+    assert row["answer"].startswith("2048 samples per process: 92% [75%, 95%]")
+    assert row["rests_on"].endswith("near the 80% target (95% interval holds it): 2048 at 92% [75%, 95%]")
 
 
 def test_reaches_is_three_valued():
@@ -73,4 +87,32 @@ def test_reaches_is_three_valued():
     assert stats.reaches(0.85, None, None, 0.8) == "yes" and stats.reaches(0.75, None, None, 0.8) == "no"
     assert stats.reaches(float("nan"), 0.7, 0.9, 0.8) == "no" and stats.reaches(-1, 0.7, 0.9, 0.8) == "no"
     assert stats.reaches(0.85, 0.7, 0.9, 0.8, n_runs=3) == "yes"  # three runs: no interval that means anything
-    assert stats.reaches(0.85, 0.7, 0.9, 0.8, n_runs=5) == "within"
+    assert stats.reaches(0.85, 0.7, 0.9, 0.8, n_runs=5) == "within"  # low end below 72%: beyond the margin
+    assert stats.reaches(0.81, 0.77, 0.85, 0.8) == "yes"  # median reaches, low end within the 10% margin
+    assert stats.reaches(0.81, 0.77, 0.85, 0.8, margin=0) == "within"
+    assert stats.reaches(0.79, 0.77, 0.85, 0.8) == "within"  # median below: never taken
+    assert stats.holds(0.81, 0.77, 0.85, 0.8) and stats.holds(0.79, 0.77, 0.85, 0.8)
+    assert not stats.holds(0.9, 0.85, 0.95, 0.8) and not stats.holds(0.75, 0.70, 0.79, 0.8)
+    assert not stats.holds(0.81, 0.77, 0.85, 0.8, n_runs=3) and not stats.holds(float("nan"), 0.7, 0.9, 0.8)
+
+
+def test_a_decision_that_differs_near_the_target_is_named(tmp_path):
+    """Two studies whose 2048-per-process efficiency at 1x2 sits on either side of the rule (one whole interval above
+    80%, one median below it with its interval holding 80%) differ on the decision; compare names it as near the
+    target, as pyperf names an unstable benchmark, and not as a difference on points nobody flagged."""
+    from kanlib import guidelines
+
+    def study(folder, times):
+        recs = []
+        for r, (t1, t2) in enumerate(times):
+            recs.append(rec(study="weak_scaling", world_size=1, global_batch=2048, step_time_s=t1, repeat=r))
+            recs.append(rec(study="weak_scaling", world_size=2, global_batch=4096, step_time_s=t2, repeat=r))
+        write_records(folder, recs)
+        return guidelines.from_out_dir(str(folder))
+
+    clear = study(tmp_path / "a", [(0.036, 0.040), (0.037, 0.040), (0.037, 0.041), (0.036, 0.040), (0.037, 0.040)])
+    near = study(tmp_path / "b", [(0.030, 0.040), (0.031, 0.041), (0.031, 0.040), (0.034, 0.040), (0.037, 0.039)])
+    t = guidelines.compare(clear, near)
+    [row] = t[~t["same"]].to_dict("records")
+    assert "smallest per-process batch" in row["question"]
+    assert row["unstable"].startswith("b: near the 80% target") and row["unstable"] != guidelines.NOT_NAMED
