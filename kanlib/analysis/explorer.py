@@ -63,7 +63,7 @@ def explorer_figure(df: pd.DataFrame, study: str, x: str | None = None, metric: 
         d = d[(d["n_params"] >= size_range[0]) & (d["n_params"] <= size_range[1])]
     d = groups.with_placement(d)
     derived = [c for c in ("depth", "local_batch") if c not in df]  # added above for the x axis, not record fields
-    keys = line_keys(d.drop(columns=derived), study, x, opt["series"], (views or {}).get(study, View()).axes)
+    keys = line_keys(d, study, x, opt["series"], (views or {}).get(study, View()).axes, derived=derived)
     fig = go.Figure()
     for key, g in groups.groupby(d, keys):
         agg = g.groupby(x)[metric].agg(["median", "min", "max"]).reset_index().dropna()
@@ -82,14 +82,18 @@ def explorer_figure(df: pd.DataFrame, study: str, x: str | None = None, metric: 
     return fig
 
 
-def line_keys(d: pd.DataFrame, study: str, x: str, series=(), axes=groups.PLACEMENT_AXES) -> list[str]:
+def line_keys(d: pd.DataFrame, study: str, x: str, series=(), axes=groups.PLACEMENT_AXES,
+              derived=()) -> list[str]:
     """The fields that make a line of its own: model, placement, every field that separates the study's table
     groups (:func:`kanlib.analysis.groups.design` with the study's ``axes``), the view's ``series`` where they
     vary, and any table axis that still varies at one ``x`` within a line; so a median never pools two points a
-    table keeps apart (the strong-scaling work sizes, runs with and without the emulated link)."""
+    table keeps apart (the strong-scaling work sizes, runs with and without the emulated link). ``derived``:
+    columns of ``d`` made for the x axis (``local_batch``, ``depth``), not record fields: the design never sees
+    them, while ``x`` may be one of them."""
     keys = ["model", "placement"]
     placed = set(groups.PLACEMENT_AXES) | {"world_size", x}  # the placement names them already
-    keys += [f for f in groups.design(d, study, axes).groups if f not in placed and f not in keys]
+    fields = d.drop(columns=[c for c in derived if c in d])
+    keys += [f for f in groups.design(fields, study, axes).groups if f not in placed and f not in keys]
     keys += [f for f in series if f in d and f != x and f not in keys and groups.varies(d[f])]
     for a in axes:
         if a in keys or a == x or a in groups.PLACEMENT_AXES or a not in d:
