@@ -183,7 +183,7 @@ def _interval(lo, hi, n_runs) -> tuple[float, float]:
 
 def near_note(points: list[str], target: float) -> str:
     """What a threshold decision's ``rests_on`` says of the ``points`` (already formatted) whose 95% intervals hold
-    ``target``: ``"near the 80% target (its 95% interval holds it): 2048 at 81% [77%, 85%]"``; '' when none."""
+    ``target``: ``"near the 80% target (95% interval holds it): 2048 at 81% [77%, 85%]"``; '' when none."""
     if not points:
         return ""
     return f"near the {target:.0%} target (95% interval holds it): " + ", ".join(points)

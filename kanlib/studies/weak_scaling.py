@@ -233,8 +233,9 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
                         if held else "")
                 answer = (f"none of {sizes}: best {int(best['local_batch'])} at {fmt.pct_ci(best, 'weak_efficiency')}"
                           + note)
-                text.append(f"{label}, {p}: no measured per-process batch ({sizes}) is shown to reach "
-                            f"{target:.0%} weak-scaling efficiency at N={n} (the whole 95% interval); the best, "
+                text.append(f"{label}, {p}: no measured per-process batch ({sizes}) reaches {target:.0%} "
+                            f"weak-scaling efficiency at N={n} on its 95% interval (the whole interval, or the median "
+                            f"with the low end within the {stats.MARGIN:.0%} margin); the best, "
                             f"{int(best['local_batch'])} samples per process, gives "
                             f"{fmt.pct_ci(best, 'weak_efficiency')}{note}: use larger batches per process.")
             else:
