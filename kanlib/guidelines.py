@@ -209,8 +209,23 @@ def compare(a: Guidelines, b: Guidelines) -> pd.DataFrame:
     both = side(a, "a").merge(side(b, "b"), on=keys, how="outer")
     decided = [both[c].map(lambda v: decision(v) if isinstance(v, str) else None) for c in ("answer_a", "answer_b")]
     both["same"] = decided[0].notna() & (decided[0] == decided[1])
+    basis = {(r["question"], r["group"]): r.get("basis") for g in (a, b) for _, r in g.table.iterrows()}
+    for tag, g in (("a", a), ("b", b)):  # a question one side did not answer: what its points say there
+        missing = both[f"answer_{tag}"].isna()
+        if missing.any() and g.context is not None:
+            stability = g.context.stability()
+            both.loc[missing, f"rests_on_{tag}"] = [
+                _unanswered(r, stability, basis.get((r["question"], r["group"]))) for _, r in both[missing].iterrows()]
     both["unstable"] = [_why_differs(r) for _, r in both.iterrows()]
     return both.reset_index(drop=True)
+
+
+def _unanswered(row, stability: pd.DataFrame, study) -> str:
+    """Why a run did not answer a question the other did, as far as its points tell: 'not answered; ' and what
+    makes them unstable (all their runs disturbed and left out, too few runs), or 'not answered' alone."""
+    pts = points_of(row, stability, study) if len(stability) and isinstance(study, str) else stability.iloc[0:0]
+    why = rests_on(pts)
+    return f"not answered; {why}" if why else "not answered"
 
 
 NOT_NAMED = "NOT on unstable or disturbed points or near the target"
@@ -223,7 +238,7 @@ def _why_differs(r) -> str:
     if r["same"]:
         return ""
     why = [f"{tag}: {r[f'rests_on_{tag}']}" for tag in ("a", "b")
-           if isinstance(r.get(f"rests_on_{tag}"), str) and r[f"rests_on_{tag}"]]
+           if isinstance(r.get(f"rests_on_{tag}"), str) and r[f"rests_on_{tag}"] not in ("", "not answered")]
     return " | ".join(why) or NOT_NAMED
 
 

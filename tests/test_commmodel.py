@@ -72,6 +72,25 @@ def test_the_world_size_a_model_predicts_is_decided_on_its_error_band():
         cm.world_size_band(pred, 0.8, 0.1, compute=(0.0, 1.0))
 
 
+def test_the_predicted_world_size_is_decided_as_every_threshold_answer():
+    """Nine default studies (X2-Z4) predicted N=4 at 73-78% at the point prediction with optimistic ends of
+    79.4-83.5%: the range the band allows said "2-4" in eight and "2" in one. The decision is the rule of every
+    threshold answer (stats.reaches: the pessimistic end reaches the target, or the point prediction does with the
+    pessimistic end within the 10% margin), and a world size whose band holds the target is named as near it."""
+    w = np.array(cm.powers_of_two(8))
+    compute, exposed = 0.010 / w, np.array([0.0, 0.0003, 0.0005, 0.0006])
+    step = compute + exposed
+    pred = pd.DataFrame({"world_size": w, "step_time_s": step, "exposed_s": exposed, "efficiency": 0.010 / (step * w)})
+    n, near = cm.world_size_reached(pred, 0.8, 0.4)  # N=4: 83% [78%, 89%]: the point reaches, 78% is within 10%
+    assert n == 4 and [m for m, *_ in near] == [4]
+    assert cm.world_size_reached(pred, 0.8, 1.0)[0] == 2  # N=4 at its pessimistic end: 2.5 + 1.0 ms -> 71% < 72%
+    # a point prediction below the target never reaches it, whatever the band's optimistic end (Y4: 73% [64%, 79%])
+    low = pred.assign(exposed_s=pred["exposed_s"] * 1.3, step_time_s=compute + exposed * 1.3)  # N=4: 79% [75%, 85%]
+    low["efficiency"] = 0.010 / (low["step_time_s"] * w)
+    n, near = cm.world_size_reached(low, 0.8, 0.3)
+    assert n == 2 and cm.world_size_band(low, 0.8, 0.3)[1] == 4 and [m for m, *_ in near] == [4]
+
+
 # -- the fit -------------------------------------------------------------------------------------------
 def test_nnls_matches_an_exhaustive_search():
     rng = np.random.default_rng(1)

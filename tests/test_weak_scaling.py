@@ -116,3 +116,25 @@ def test_a_decision_that_differs_near_the_target_is_named(tmp_path):
     [row] = t[~t["same"]].to_dict("records")
     assert "smallest per-process batch" in row["question"]
     assert row["unstable"].startswith("b: near the 80% target") and row["unstable"] != guidelines.NOT_NAMED
+
+
+def test_a_question_one_run_could_not_answer_is_named_with_why(tmp_path):
+    """Run Z4 (a CPU hog): every two-process weak-scaling run was disturbed, so it had no 1x2 answer; compare named
+    the difference only through the other run's points. It now says why the run did not answer: its points' runs
+    were all disturbed and left out."""
+    from kanlib import guidelines
+
+    def study(folder, disturbed):
+        recs = []
+        for r in range(5):
+            recs.append(rec(study="weak_scaling", world_size=1, global_batch=2048, step_time_s=0.036, repeat=r))
+            recs.append(rec(study="weak_scaling", world_size=2, global_batch=4096, step_time_s=0.040, repeat=r,
+                            foreign_cpu_frac=0.5 if disturbed else 0.0, interference_window_s=5.0))
+        write_records(folder, recs)
+        return guidelines.from_out_dir(str(folder))
+
+    t = guidelines.compare(study(tmp_path / "a", False), study(tmp_path / "b", True))
+    [row] = t[~t["same"]].to_dict("records")
+    assert row["answer_b"] != row["answer_b"]  # NaN: not answered
+    assert row["unstable"].startswith("b: not answered; 1 of 1 point(s) unstable: 1x2") and "disturbed" in \
+        row["unstable"]

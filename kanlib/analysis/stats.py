@@ -181,12 +181,13 @@ def _interval(lo, hi, n_runs) -> tuple[float, float]:
     return (float("nan"), float("nan")) if few else (lo, hi)
 
 
-def near_note(points: list[str], target: float) -> str:
-    """What a threshold decision's ``rests_on`` says of the ``points`` (already formatted) whose 95% intervals hold
-    ``target``: ``"near the 80% target (95% interval holds it): 2048 at 81% [77%, 85%]"``; '' when none."""
+def near_note(points: list[str], target: float, what: str = "95% interval") -> str:
+    """What a threshold decision's ``rests_on`` says of the ``points`` (already formatted) whose 95% intervals
+    (``what``) hold ``target``: ``"near the 80% target (95% interval holds it): 2048 at 81% [77%, 85%]"``; ''
+    when none."""
     if not points:
         return ""
-    return f"near the {target:.0%} target (95% interval holds it): " + ", ".join(points)
+    return f"near the {target:.0%} target ({what} holds it): " + ", ".join(points)
 
 
 def holds_row(row, col: str, target: float) -> bool:
