@@ -198,7 +198,9 @@ def from_out_dir(out_dir: str, code: str = "newest", target_efficiency: float = 
 def compare(a: Guidelines, b: Guidelines) -> pd.DataFrame:
     """The answers of two sets of guidelines side by side (e.g. two runs of the same study): one row per
     (question, group) of either, with ``answer_a``, ``answer_b`` and ``same`` (the same :func:`decision`). A
-    study says the same thing twice when every row is ``same``; a question only one of them answers is not."""
+    study says the same thing twice when every row is ``same``; a question only one of them answers is not.
+    ``unstable``: for a decision that differs, what it rests on in either run (:func:`_why_differs`);
+    ``near_both``: it differs and both runs name it as near the target (neither run settles it)."""
     keys = ["question", "group"]
     cols = ["answer", "rests_on", "runs"]
 
@@ -217,7 +219,13 @@ def compare(a: Guidelines, b: Guidelines) -> pd.DataFrame:
             both.loc[missing, f"rests_on_{tag}"] = [
                 _unanswered(r, stability, basis.get((r["question"], r["group"]))) for _, r in both[missing].iterrows()]
     both["unstable"] = [_why_differs(r) for _, r in both.iterrows()]
+    both["near_both"] = [not r["same"] and all(NEAR in str(r.get(f"rests_on_{t}") or "") for t in ("a", "b"))
+                         for _, r in both.iterrows()]
     return both.reset_index(drop=True)
+
+
+NEAR = "near the "
+"""How a ``rests_on`` names a threshold decision near its target (:func:`kanlib.analysis.stats.near_note`)."""
 
 
 def _unanswered(row, stability: pd.DataFrame, study) -> str:
@@ -305,9 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     differ = int((~table["same"]).sum())
     for _, r in table[~table["same"]].iterrows():
         print(f"differs: {r['question']} [{r['group']}]: rests on {r['unstable']}")
+    near = int(table["near_both"].sum())
     print(f"{len(table) - differ} of {len(table)} answers the same" + (f"; {differ} differ" if differ else "")
           + (f", {int((table['unstable'] == NOT_NAMED).sum())} of them not on unstable or disturbed points or near "
-             f"the target" if differ else ""))
+             f"the target" if differ else "")
+          + (f"; {near} of them near the target in both runs (each run's interval holds it: neither settles it)"
+             if near else ""))
     return 1 if differ else 0
 
 

@@ -116,6 +116,10 @@ def test_a_decision_that_differs_near_the_target_is_named(tmp_path):
     [row] = t[~t["same"]].to_dict("records")
     assert "smallest per-process batch" in row["question"]
     assert row["unstable"].startswith("b: near the 80% target") and row["unstable"] != guidelines.NOT_NAMED
+    assert not row["near_both"]  # a's interval clears the target: only b is near it
+    also_near = study(tmp_path / "c", [(0.031, 0.040), (0.036, 0.041), (0.033, 0.040), (0.030, 0.040), (0.037, 0.039)])
+    t = guidelines.compare(also_near, near)
+    assert t["near_both"].sum() == (~t["same"]).sum()
 
 
 def test_a_question_one_run_could_not_answer_is_named_with_why(tmp_path):
