@@ -54,16 +54,23 @@ def test_the_smallest_batch_is_decided_on_its_interval_with_the_margin():
     assert weak_scaling.smallest_efficient_batch(weak(0.85, float("nan"), float("nan")), 0.8)[0] == 2048  # median
 
 
-def test_the_answer_names_a_batch_its_interval_holds(tmp_path):
+def weak_study(folder, times, **two_process):
+    """The guidelines of a weak-scaling study at 2048 samples per process: one run of 1x1 and one of 1x2 per round,
+    their step times ``times`` ``[(t1, t2), ...]``; ``two_process``: more fields of the 1x2 records."""
     from kanlib import guidelines
 
+    recs = []
+    for r, (t1, t2) in enumerate(times):
+        recs.append(rec(study="weak_scaling", world_size=1, global_batch=2048, step_time_s=t1, repeat=r))
+        recs.append(rec(study="weak_scaling", world_size=2, global_batch=4096, step_time_s=t2, repeat=r,
+                        **two_process))
+    write_records(folder, recs)
+    return guidelines.from_out_dir(str(folder))
+
+
+def test_the_answer_names_a_batch_its_interval_holds(tmp_path):
     def answer(folder, times):
-        recs = []
-        for r, (t1, t2) in enumerate(times):
-            recs.append(rec(study="weak_scaling", world_size=1, global_batch=2048, step_time_s=t1, repeat=r))
-            recs.append(rec(study="weak_scaling", world_size=2, global_batch=4096, step_time_s=t2, repeat=r))
-        write_records(folder, recs)
-        g = guidelines.from_out_dir(str(folder))
+        g = weak_study(folder, times)
         [row] = g.table[g.table["question"].str.contains("smallest per-process batch")].to_dict("records")
         return row
 
@@ -102,14 +109,7 @@ def test_a_decision_that_differs_near_the_target_is_named(tmp_path):
     target, as pyperf names an unstable benchmark, and not as a difference on points nobody flagged."""
     from kanlib import guidelines
 
-    def study(folder, times):
-        recs = []
-        for r, (t1, t2) in enumerate(times):
-            recs.append(rec(study="weak_scaling", world_size=1, global_batch=2048, step_time_s=t1, repeat=r))
-            recs.append(rec(study="weak_scaling", world_size=2, global_batch=4096, step_time_s=t2, repeat=r))
-        write_records(folder, recs)
-        return guidelines.from_out_dir(str(folder))
-
+    study = weak_study
     clear = study(tmp_path / "a", [(0.036, 0.040), (0.037, 0.040), (0.037, 0.041), (0.036, 0.040), (0.037, 0.040)])
     near = study(tmp_path / "b", [(0.030, 0.040), (0.031, 0.041), (0.031, 0.040), (0.034, 0.040), (0.037, 0.039)])
     t = guidelines.compare(clear, near)
@@ -129,13 +129,8 @@ def test_a_question_one_run_could_not_answer_is_named_with_why(tmp_path):
     from kanlib import guidelines
 
     def study(folder, disturbed):
-        recs = []
-        for r in range(5):
-            recs.append(rec(study="weak_scaling", world_size=1, global_batch=2048, step_time_s=0.036, repeat=r))
-            recs.append(rec(study="weak_scaling", world_size=2, global_batch=4096, step_time_s=0.040, repeat=r,
-                            foreign_cpu_frac=0.5 if disturbed else 0.0, interference_window_s=5.0))
-        write_records(folder, recs)
-        return guidelines.from_out_dir(str(folder))
+        return weak_study(folder, [(0.036, 0.040)] * 5, foreign_cpu_frac=0.5 if disturbed else 0.0,
+                          interference_window_s=5.0)
 
     t = guidelines.compare(study(tmp_path / "a", False), study(tmp_path / "b", True))
     [row] = t[~t["same"]].to_dict("records")
