@@ -13,7 +13,8 @@ validation loss soonest (time to accuracy); the fastest kernel x placement (comp
 
 Stability, as pyperf says it: every answer names the points it rests on that are unstable (their runs spread wider
 than the decision margin, a disturbed run, fewer runs than an interval needs; :meth:`Context.stability`) in its
-``rests_on`` column, and ``ranked`` is False where its points have fewer than
+``rests_on`` column, and a threshold answer the points it depends on whose interval holds the target ("near the 80%
+target"; :func:`kanlib.analysis.stats.reaches` is the rule of every threshold decision), and ``ranked`` is False where its points have fewer than
 :data:`kanlib.analysis.stats.MIN_RUNS` runs: such an answer is shown, never ranked on.
 ``python -m kanlib.guidelines --summary OUT`` prints one screen: the decisions, their intervals and what they rest
 on (``make study`` ends with it).
@@ -40,7 +41,8 @@ from kanlib.analysis.context import Context, Goals
 COLUMNS = ["question", "group", "answer", "value", "basis", "runs", "ranked", "rests_on"]
 """Each answer: the question, the group of records it answers for, the answer (``decision: detail``), its value,
 the study it comes from, the fewest runs of any point it rests on, whether that is enough to rank on
-(:data:`kanlib.analysis.stats.MIN_RUNS`), and the unstable points it rests on ('' when none)."""
+(:data:`kanlib.analysis.stats.MIN_RUNS`), and the unstable points it rests on or the points near its target it
+depends on ('' when none)."""
 
 
 def decision(answer: str) -> str:
@@ -58,6 +60,8 @@ class Guidelines:
     table: pd.DataFrame
     sentences: list[str] = field(default_factory=list)
     context: Context | None = field(default=None, repr=False, compare=False)
+    records_of: dict = field(default_factory=dict, repr=False, compare=False)
+    """(question, group) -> the study whose records (and points, :meth:`Context.stability`) the answer rests on."""
 
     def _repr_html_(self) -> str:
         items = "".join(f"<li>{html.escape(s)}</li>" for s in self.sentences)
@@ -136,13 +140,14 @@ def annotate(rows: list[dict], stability: pd.DataFrame, study: str) -> list[dict
 def guidelines_of(ctx: Context, goals: Goals) -> Guidelines:
     """Every guideline the records of ``ctx`` allow, study module by study module in run order; each answer says
     what it rests on (:func:`annotate`)."""
-    rows, text = [], []
+    rows, text, records_of = [], [], {}
     have = ctx.studies()
     stability = ctx.stability()
     for m in studies.STUDIES:
         if m.RECORDS in have:
             r, t = m.guideline(ctx, goals)
             rows += annotate(r, stability, m.RECORDS)
+            records_of.update({(a["question"], a["group"]): m.RECORDS for a in r})
             text += t
     if not rows and not text:
         text.append(f"No study records to derive guidelines from (have studies: {sorted(have)}).")
@@ -156,7 +161,7 @@ def guidelines_of(ctx: Context, goals: Goals) -> Guidelines:
     for note in (sel.disturbed_note, sel.code_note) if sel is not None else ():
         if note:
             text.append(note)
-    return Guidelines(pd.DataFrame(rows, columns=COLUMNS), text, ctx)
+    return Guidelines(pd.DataFrame(rows, columns=COLUMNS), text, ctx, records_of)
 
 
 def compute_guidelines(df: pd.DataFrame, target_efficiency: float = 0.8,
@@ -211,13 +216,15 @@ def compare(a: Guidelines, b: Guidelines) -> pd.DataFrame:
     both = side(a, "a").merge(side(b, "b"), on=keys, how="outer")
     decided = [both[c].map(lambda v: decision(v) if isinstance(v, str) else None) for c in ("answer_a", "answer_b")]
     both["same"] = decided[0].notna() & (decided[0] == decided[1])
-    basis = {(r["question"], r["group"]): r.get("basis") for g in (a, b) for _, r in g.table.iterrows()}
+    records_of = {**b.records_of, **a.records_of}  # which study's points an answer rests on, from either side
     for tag, g in (("a", a), ("b", b)):  # a question one side did not answer: what its points say there
         missing = both[f"answer_{tag}"].isna()
         if missing.any() and g.context is not None:
             stability = g.context.stability()
+            both[f"rests_on_{tag}"] = both[f"rests_on_{tag}"].astype(object)
             both.loc[missing, f"rests_on_{tag}"] = [
-                _unanswered(r, stability, basis.get((r["question"], r["group"]))) for _, r in both[missing].iterrows()]
+                _unanswered(r, stability, records_of.get((r["question"], r["group"])))
+                for _, r in both[missing].iterrows()]
     both["unstable"] = [_why_differs(r) for _, r in both.iterrows()]
     both["near_both"] = [not r["same"] and all(NEAR in str(r.get(f"rests_on_{t}") or "") for t in ("a", "b"))
                          for _, r in both.iterrows()]

@@ -89,6 +89,8 @@ def test_the_predicted_world_size_is_decided_as_every_threshold_answer():
     low["efficiency"] = 0.010 / (low["step_time_s"] * w)
     n, near = cm.world_size_reached(low, 0.8, 0.3)
     assert n == 2 and cm.world_size_band(low, 0.8, 0.3)[1] == 4 and [m for m, *_ in near] == [4]
+    # a band that cannot be computed decides nothing beyond what it can (a NaN exposed time at N=4)
+    assert cm.world_size_reached(pred.assign(exposed_s=[0.0, 0.0003, float("nan"), 0.0006]), 0.8, 0.4)[0] == 2
 
 
 # -- the fit -------------------------------------------------------------------------------------------

@@ -240,3 +240,33 @@ def test_the_prediction_extrapolates_plain_ddp_not_the_gradient_accumulation_twi
     write_records(calibrated, extra)
     after = predicted(guidelines.from_out_dir(str(calibrated)))
     assert before and after == before
+
+
+def test_compare_finds_the_points_of_an_answer_whose_basis_is_not_its_study():
+    """A question one run did not answer is explained from that run's points; the predicted world size's basis is
+    'communication model' while its points are the communication study's (records_of says which), so looking them up
+    by basis found none and the difference read "NOT on unstable or disturbed points"."""
+    from kanlib.analysis.context import STABILITY_COLUMNS
+
+    class Ctx:
+        def __init__(self, st):
+            self.st = st
+
+        def stability(self):
+            return self.st
+
+    q = "1x2: predicted largest world size with efficiency >= 0.8"
+    st = pd.DataFrame([{"study": "communication", "point": "1x2, comm_hook=timed", "placement": "1x2", "n_runs": 0,
+                        "n_disturbed": 5, "median": float("nan"), "spread": float("nan"), "unstable": True,
+                        "why": "5 disturbed run(s) left out", "key": {"placement": "1x2"}}], columns=STABILITY_COLUMNS)
+    a = guidelines.Guidelines(pd.DataFrame([{"question": q, "group": "kan", "answer": "2 processes: calibrated model",
+                                             "value": 2.0, "basis": "communication model", "runs": 5, "ranked": True,
+                                             "rests_on": ""}], columns=guidelines.COLUMNS),
+                              context=Ctx(st.iloc[0:0]), records_of={(q, "kan"): "communication"})
+    b = guidelines.Guidelines(pd.DataFrame(columns=guidelines.COLUMNS), context=Ctx(st))
+    [row] = guidelines.compare(a, b).to_dict("records")
+    assert not row["same"]
+    assert row["unstable"] == "b: not answered; 1 of 1 point(s) unstable: 1x2, comm_hook=timed (5 disturbed run(s) " \
+                              "left out)"
+    b.context = None  # nothing to look at: the difference is not named
+    assert guidelines.compare(a, b).loc[0, "unstable"] == guidelines.NOT_NAMED

@@ -101,6 +101,8 @@ def test_reaches_is_three_valued():
     assert stats.holds(0.81, 0.77, 0.85, 0.8) and stats.holds(0.79, 0.77, 0.85, 0.8)
     assert not stats.holds(0.9, 0.85, 0.95, 0.8) and not stats.holds(0.75, 0.70, 0.79, 0.8)
     assert not stats.holds(0.81, 0.77, 0.85, 0.8, n_runs=3) and not stats.holds(float("nan"), 0.7, 0.9, 0.8)
+    assert not stats.holds(0.81, 0.77, 0.85, 0.8, n_runs=float("nan"))  # a run count that is no number: too few
+    assert stats.reaches(0.85, 0.7, 0.9, 0.8, n_runs=float("nan")) == "yes"  # decided on the value alone
 
 
 def test_a_decision_that_differs_near_the_target_is_named(tmp_path):
@@ -119,7 +121,7 @@ def test_a_decision_that_differs_near_the_target_is_named(tmp_path):
     assert not row["near_both"]  # a's interval clears the target: only b is near it
     also_near = study(tmp_path / "c", [(0.031, 0.040), (0.036, 0.041), (0.033, 0.040), (0.030, 0.040), (0.037, 0.039)])
     t = guidelines.compare(also_near, near)
-    assert t["near_both"].sum() == (~t["same"]).sum()
+    assert (~t["same"]).sum() == 1 and t["near_both"].sum() == 1
 
 
 def test_a_question_one_run_could_not_answer_is_named_with_why(tmp_path):

@@ -1149,8 +1149,9 @@ def world_size_reached(pred: pd.DataFrame, target_efficiency: float, band: float
     (:func:`kanlib.analysis.stats.reaches`, the rule of every threshold decision): a world size reaches the target
     when the pessimistic end of its band does, or its point prediction does and the pessimistic end is within the
     decision ``margin`` (default :data:`kanlib.analysis.stats.MARGIN`); every smaller one must too. Returns that
-    size (None when not even the first does) and the world sizes whose band holds the target, as
-    ``(N, point, pessimistic, optimistic)``: the decision is near the target there.
+    size (None when not even the first does; a world size whose band is not finite never does) and the world sizes,
+    up to the first that does not reach it, whose band holds the target, as ``(N, point, pessimistic,
+    optimistic)``: the decision is near the target there.
 
     Why not the range the band allows: nine default studies (X2-Z4) predicted N=4 at 73-78% at their point
     predictions, with optimistic ends of 79.4-83.5%: the range said "2-4" in eight and "2" in one (Y4, 79.4%)."""
@@ -1159,14 +1160,13 @@ def world_size_reached(pred: pd.DataFrame, target_efficiency: float, band: float
     margin = stats.MARGIN if margin is None else margin
     pess, opt = band_efficiencies(pred, band, compute)
     best, near = None, []
-    reached = True
     for n, e, lo, hi in zip(pred["world_size"], pred["efficiency"], pess, opt):
         if stats.holds(e, lo, hi, target_efficiency):
             near.append((int(n), float(e), float(lo), float(hi)))
-        if reached and stats.reaches(e, lo, hi, target_efficiency, margin=margin) == "yes":
-            best = int(n)
-        else:
-            reached = False
+        finite = bool(np.isfinite(lo) and np.isfinite(hi))  # a band that cannot be computed decides nothing
+        if not (finite and stats.reaches(e, lo, hi, target_efficiency, margin=margin) == "yes"):
+            break  # the first world size that does not reach it is the last the decision depends on
+        best = int(n)
     return best, near
 
 

@@ -169,15 +169,16 @@ def holds(value, lo, hi, target: float, n_runs=None) -> bool:
 
 
 def _interval(lo, hi, n_runs) -> tuple[float, float]:
-    """``(lo, hi)`` as floats; NaN for bounds that are not numbers or when ``n_runs`` < :data:`MIN_RUNS`."""
+    """``(lo, hi)`` as floats; NaN for bounds that are not numbers or when ``n_runs`` (when given) is not a finite
+    number of at least :data:`MIN_RUNS`."""
     try:
         lo, hi = float(lo), float(hi)
     except (TypeError, ValueError):
         lo = hi = float("nan")
     try:
-        few = n_runs is not None and int(n_runs) < MIN_RUNS
+        few = n_runs is not None and not (math.isfinite(float(n_runs)) and float(n_runs) >= MIN_RUNS)
     except (TypeError, ValueError):
-        few = False
+        few = True
     return (float("nan"), float("nan")) if few else (lo, hi)
 
 

@@ -341,8 +341,12 @@ def _placement_answer(g: pd.DataFrame, label: str, target: float, text: list) ->
                     f"efficiency (speedup {best['speedup']:.2f}x)" + (f"; also measured: {alt}" if alt else "")
                     + f"; {fit_txt}.")
         value = float(best["efficiency"])
+    # the placements the answer depends on: up to the first world size beyond the one taken
+    beyond = multi.loc[multi["world_size"] > best["world_size"], "world_size"]
+    upto = beyond.min() if len(beyond) else multi["world_size"].max()
     return {"question": f"placement with efficiency >= {target:g}", "group": label, "answer": answer,
-            "value": value, "basis": NAME, "near": near([r for _, r in multi.iterrows()], target)}
+            "value": value, "basis": NAME,
+            "near": near([r for _, r in multi[multi["world_size"] <= upto].iterrows()], target)}
 
 
 def _least_work(t: Table, target: float, rows: list, text: list) -> None:
@@ -376,9 +380,12 @@ def _least_work(t: Table, target: float, rows: list, text: list) -> None:
             value = float(r["work_per_process_s"])
         rows.append({"question": f"{key['placement']}: least work per process with efficiency >= {target:g}",
                      "group": label, "answer": answer, "value": value, "basis": NAME,
+                     # the work sizes the answer depends on: the one taken and the smaller ones
                      "near": stats.near_note([f"{r['work_per_process_s'] * 1e3:.3g} ms per process "
                                               f"{fmt.pct_ci(r, 'efficiency')}" for _, r in g.iterrows()
-                                              if stats.holds_row(r, "efficiency", target)], target)})
+                                              if stats.holds_row(r, "efficiency", target)
+                                              and (ok.empty or r["work_per_process_s"]
+                                                   <= ok.iloc[0]["work_per_process_s"])], target)})
 
 
 def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:

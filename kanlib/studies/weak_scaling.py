@@ -243,7 +243,9 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
                 answer = f"{b} samples per process: {fmt.pct_ci(row, 'weak_efficiency')}"
                 text.append(f"{label}, {p}: use at least {b} samples per process; that keeps weak-scaling efficiency "
                             f"at {fmt.pct_ci(row, 'weak_efficiency')} at N={n}.")
+            # the batches the answer depends on: the one taken and the smaller ones (every one when none is taken)
             at_n = g[(g["placement"] == p) & (g["world_size"] == n)].sort_values("local_batch")
+            at_n = at_n if b is None else at_n[at_n["local_batch"] <= b]
             near = [f"{int(r['local_batch'])} at {fmt.pct_ci(r, 'weak_efficiency')}" for _, r in at_n.iterrows()
                     if stats.holds_row(r, "weak_efficiency", target)]
             rows.append({"question": f"{p}: smallest per-process batch with weak efficiency >= {target:g}",
