@@ -61,6 +61,7 @@ import pandas as pd
 
 from kanlib.analysis import straggler
 from kanlib.analysis.groups import hashable
+from kanlib.analysis import stats
 from kanlib.analysis.stats import bootstrap_ci
 
 ALGOS = ("ring", "tree")
@@ -1155,8 +1156,6 @@ def world_size_reached(pred: pd.DataFrame, target_efficiency: float, band: float
 
     Why not the range the band allows: nine default studies (X2-Z4) predicted N=4 at 73-78% at their point
     predictions, with optimistic ends of 79.4-83.5%: the range said "2-4" in eight and "2" in one (Y4, 79.4%)."""
-    from kanlib.analysis import stats
-
     margin = stats.MARGIN if margin is None else margin
     pess, opt = band_efficiencies(pred, band, compute)
     best, near = None, []

@@ -447,7 +447,7 @@ def _prediction_answer(sel: pd.DataFrame, key: dict, p: str, label: str, fits: d
         rows.append({"question": question, "group": label, "answer": f"not predicted: {e}",
                      "value": np.nan, "basis": "communication model"})
         return
-    n_pred = pr["world_size"]  # at the point prediction
+    n_point = max(pr["world_size"] or 1, 1)  # at the point prediction
     # decided as every threshold answer is (kanlib.analysis.stats.reaches): the largest world size whose band's
     # pessimistic end reaches the target, or whose point prediction does with the pessimistic end within the
     # decision margin; the range the band allows is a detail (the range alone flipped between "2-4" and "2" with the
@@ -463,9 +463,9 @@ def _prediction_answer(sel: pd.DataFrame, key: dict, p: str, label: str, fits: d
         n_txt = f"{target:.0%} strong-scaling efficiency up to N={n_dec}"
         ans = f"{n_dec} processes: calibrated model; {pr['links']}"
     lo, hi = (max(n or 1, 1) for n in commmodel.world_size_band(pr["prediction"], target, bw, kc))
-    if (lo, hi) != (n_dec, n_dec) or (n_pred or 1) != n_dec:
-        ans += f"; {max(n_pred or 1, 1)} at its point prediction, {lo}-{hi} within its band"
-        n_txt += f" ({lo} to {hi} within its band, {max(n_pred or 1, 1)} at its point prediction)"
+    if (lo, hi, n_point) != (n_dec, n_dec, n_dec):
+        ans += f"; {n_point} at its point prediction, {lo}-{hi} within its band"
+        n_txt += f" ({lo} to {hi} within its band, {n_point} at its point prediction)"
     compute_txt = f"measured compute {kc[0] - 1:+.0%}/{kc[1] - 1:+.0%} (95% interval of the no-op twin's median step)"
     ans += (f"; model error band ±{band:.0%} on exposed communication, " if np.isfinite(band) else "; ") + compute_txt
     text.append(f"{label}, {p}: the model calibrated on the collective benchmark ({pr['fit']}; {pr['links']}; "
