@@ -4,6 +4,7 @@ flags that run (and only that one), and the sweep runs it again once the machine
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -23,7 +24,12 @@ pytestmark = pytest.mark.usefixtures("no_process_left")
 
 class HogDuring(threading.Thread):
     """Runs a busy loop pinned to ``cpu`` from the first ``begin`` of run ``key`` in the sweep's launch events to
-    its first ``end`` (a rerun of the run later finds the machine quiet)."""
+    its first ``end`` (a rerun of the run later finds the machine quiet).
+
+    The watcher shares the machine with the sweep's runs, so it stays cheap: every 10 ms it reads only what was
+    appended to the events files since it last looked (it re-read them whole before)."""
+
+    POLL_S = 0.01
 
     def __init__(self, out_dir: str, study: str, key: str, cpu: int):
         super().__init__(daemon=True)
@@ -32,18 +38,32 @@ class HogDuring(threading.Thread):
         self.hog: subprocess.Popen | None = None
         self.ran_s = 0.0
         self.done = threading.Event()
+        self._read: dict[str, int] = {}   # events file -> bytes read (complete lines)
+        self._seen_events: set[str] = set()
 
     def _seen(self, what: str) -> bool:
-        return any(e.get("run_key") == self.key and e.get("event") == what
-                   for path in glob.glob(self.pattern) for e in records.read_events(path))
+        for path in glob.glob(self.pattern):
+            with open(path, "rb") as f:
+                f.seek(self._read.get(path, 0))
+                new = f.read()
+            complete = new[:new.rfind(b"\n") + 1]
+            self._read[path] = self._read.get(path, 0) + len(complete)
+            for line in complete.splitlines():
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if e.get("run_key") == self.key:
+                    self._seen_events.add(e.get("event"))
+        return what in self._seen_events
 
     def run(self) -> None:
-        while not self._seen("begin") and not self.done.is_set():
-            time.sleep(0.01)
+        while not self._seen("begin") and not self.done.wait(self.POLL_S):
+            pass
         t0 = time.monotonic()
         self.hog = subprocess.Popen(["taskset", "-c", str(self.cpu), sys.executable, "-c", "while True: pass"])
-        while not self._seen("end") and not self.done.is_set():
-            time.sleep(0.01)
+        while not self._seen("end") and not self.done.wait(self.POLL_S):
+            pass
         self.hog.kill()
         self.hog.wait()
         self.ran_s = time.monotonic() - t0
@@ -75,10 +95,19 @@ def test_a_cpu_hog_during_one_run_flags_it_and_the_sweep_runs_it_again_clean(tmp
     assert "other processes took" in first["disturbed"] and first["foreign_cpu_frac"] > 0.3, first
     assert records.disturbance(hit) == "" and hit["foreign_cpu_frac"] < records.DISTURBED_FOREIGN_CPU_FRAC
     assert os.path.exists(os.path.join(cfgs[1].run_dir(), records.ATTEMPTS_DIR, f"{first['run_id']}.json"))
-    assert [(r["run_key"], r["status"]) for r in manifest_rows(cfgs[0])] == [
-        (cfgs[0].run_key(), "ok"), (cfgs[1].run_key(), "ok"), (cfgs[2].run_key(), "ok"),
-        (cfgs[1].run_key(), "disturbed"), (cfgs[1].run_key(), "ok")]
-    assert res.rerun == 1 and res.disturbed == 0
+    # every run ends with an ok row; the hog's run has its disturbed row before it
+    rows = [(r["run_key"], r["status"]) for r in manifest_rows(cfgs[0])]
+    assert rows[:3] == [(cfgs[0].run_key(), "ok"), (cfgs[1].run_key(), "ok"), (cfgs[2].run_key(), "ok")]
+    assert [st for k, st in rows[3:] if k == cfgs[1].run_key()] == ["disturbed", "ok"], rows
+    assert res.rerun >= 1 and res.disturbed == 0
+    # only the hog's run was flagged by the hog: the runs before and after it may be flagged by what the machine
+    # itself did (CI's shared VM once took over 10% of the first run's CPUs), never by a share near the hog's
+    # (a whole CPU of two: ~50%)
+    for quiet in (before, after):
+        for att in quiet.get("earlier_attempts") or []:
+            assert att["foreign_cpu_frac"] < 0.6 * first["foreign_cpu_frac"], (att, first)
+    if res.rerun > 1:
+        print(f"the machine itself disturbed {res.rerun - 1} run(s) besides the hog's")
 
 
 def test_interference_of_overlapping_cpu_sets_counts_every_rank_as_its_own():
