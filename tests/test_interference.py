@@ -4,7 +4,6 @@ flags that run (and only that one), and the sweep runs it again once the machine
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 import subprocess
@@ -24,12 +23,7 @@ pytestmark = pytest.mark.usefixtures("no_process_left")
 
 class HogDuring(threading.Thread):
     """Runs a busy loop pinned to ``cpu`` from the first ``begin`` of run ``key`` in the sweep's launch events to
-    its first ``end`` (a rerun of the run later finds the machine quiet).
-
-    The watcher shares the machine with the sweep's runs, so it stays cheap: every 10 ms it reads only what was
-    appended to the events files since it last looked (it re-read them whole before)."""
-
-    POLL_S = 0.01
+    its first ``end`` (a rerun of the run later finds the machine quiet)."""
 
     def __init__(self, out_dir: str, study: str, key: str, cpu: int):
         super().__init__(daemon=True)
@@ -38,32 +32,18 @@ class HogDuring(threading.Thread):
         self.hog: subprocess.Popen | None = None
         self.ran_s = 0.0
         self.done = threading.Event()
-        self._read: dict[str, int] = {}   # events file -> bytes read (complete lines)
-        self._seen_events: set[str] = set()
 
     def _seen(self, what: str) -> bool:
-        for path in glob.glob(self.pattern):
-            with open(path, "rb") as f:
-                f.seek(self._read.get(path, 0))
-                new = f.read()
-            complete = new[:new.rfind(b"\n") + 1]
-            self._read[path] = self._read.get(path, 0) + len(complete)
-            for line in complete.splitlines():
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                if e.get("run_key") == self.key:
-                    self._seen_events.add(e.get("event"))
-        return what in self._seen_events
+        return any(e.get("run_key") == self.key and e.get("event") == what
+                   for path in glob.glob(self.pattern) for e in records.read_events(path))
 
     def run(self) -> None:
-        while not self._seen("begin") and not self.done.wait(self.POLL_S):
-            pass
+        while not self._seen("begin") and not self.done.is_set():
+            time.sleep(0.01)
         t0 = time.monotonic()
         self.hog = subprocess.Popen(["taskset", "-c", str(self.cpu), sys.executable, "-c", "while True: pass"])
-        while not self._seen("end") and not self.done.wait(self.POLL_S):
-            pass
+        while not self._seen("end") and not self.done.is_set():
+            time.sleep(0.01)
         self.hog.kill()
         self.hog.wait()
         self.ran_s = time.monotonic() - t0

@@ -111,15 +111,15 @@ def test_a_decision_that_differs_near_the_target_is_named(tmp_path):
     target, as pyperf names an unstable benchmark, and not as a difference on points nobody flagged."""
     from kanlib import guidelines
 
-    study = weak_study
-    clear = study(tmp_path / "a", [(0.036, 0.040), (0.037, 0.040), (0.037, 0.041), (0.036, 0.040), (0.037, 0.040)])
-    near = study(tmp_path / "b", [(0.030, 0.040), (0.031, 0.041), (0.031, 0.040), (0.034, 0.040), (0.037, 0.039)])
+    clear = weak_study(tmp_path / "a", [(0.036, 0.040), (0.037, 0.040), (0.037, 0.041), (0.036, 0.040), (0.037, 0.040)])
+    near = weak_study(tmp_path / "b", [(0.030, 0.040), (0.031, 0.041), (0.031, 0.040), (0.034, 0.040), (0.037, 0.039)])
     t = guidelines.compare(clear, near)
     [row] = t[~t["same"]].to_dict("records")
     assert "smallest per-process batch" in row["question"]
     assert row["unstable"].startswith("b: near the 80% target") and row["unstable"] != guidelines.NOT_NAMED
     assert not row["near_both"]  # a's interval clears the target: only b is near it
-    also_near = study(tmp_path / "c", [(0.031, 0.040), (0.036, 0.041), (0.033, 0.040), (0.030, 0.040), (0.037, 0.039)])
+    also_near = weak_study(tmp_path / "c",
+                           [(0.031, 0.040), (0.036, 0.041), (0.033, 0.040), (0.030, 0.040), (0.037, 0.039)])
     t = guidelines.compare(also_near, near)
     assert (~t["same"]).sum() == 1 and t["near_both"].sum() == 1
 

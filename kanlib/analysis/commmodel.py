@@ -59,9 +59,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kanlib.analysis import straggler
+from kanlib.analysis import stats, straggler
 from kanlib.analysis.groups import hashable
-from kanlib.analysis import stats
 from kanlib.analysis.stats import bootstrap_ci
 
 ALGOS = ("ring", "tree")

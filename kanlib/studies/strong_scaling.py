@@ -378,14 +378,13 @@ def _least_work(t: Table, target: float, rows: list, text: list) -> None:
                         f"{r['work_per_process_s'] * 1e3:.3g} ms of work per process per step (measured: widths "
                         f"{list(r['widths'])}, global batch {int(r['global_batch'])}, {fmt.pct_ci(r, 'efficiency')}).")
             value = float(r["work_per_process_s"])
+        # the work sizes the answer depends on: the one taken and the smaller ones (every one when none is taken)
+        upto = g if ok.empty else g[g["work_per_process_s"] <= ok.iloc[0]["work_per_process_s"]]
         rows.append({"question": f"{key['placement']}: least work per process with efficiency >= {target:g}",
                      "group": label, "answer": answer, "value": value, "basis": NAME,
-                     # the work sizes the answer depends on: the one taken and the smaller ones
                      "near": stats.near_note([f"{r['work_per_process_s'] * 1e3:.3g} ms per process "
-                                              f"{fmt.pct_ci(r, 'efficiency')}" for _, r in g.iterrows()
-                                              if stats.holds_row(r, "efficiency", target)
-                                              and (ok.empty or r["work_per_process_s"]
-                                                   <= ok.iloc[0]["work_per_process_s"])], target)})
+                                              f"{fmt.pct_ci(r, 'efficiency')}" for _, r in upto.iterrows()
+                                              if stats.holds_row(r, "efficiency", target)], target)})
 
 
 def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
