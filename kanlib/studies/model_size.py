@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kanlib.analysis import fmt, groups, stats, style
-from kanlib.analysis.context import Context, Goals
+from kanlib.analysis.context import Context, Goals, disturbed_why, unanswered
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
 from kanlib.analysis.table import Table
@@ -420,8 +420,10 @@ def memory_or_time_limit(size: pd.DataFrame, memory_budget_bytes: float, step_ti
             "seconds_per_param": float(t1)}
 
 
-def _limits(t: Table, goals: Goals, rows: list, text: list) -> None:
-    """Per group and model: the size beyond which memory rather than step time limits a process."""
+def _limits(t: Table, goals: Goals, rows: list, text: list, left_out: pd.DataFrame | None = None) -> None:
+    """Per group and model: the size beyond which memory rather than step time limits a process; unanswered where
+    fewer than two sizes are left because the runs of the others were disturbed (``left_out``,
+    :meth:`kanlib.analysis.context.Context.left_out`)."""
     question = "model size beyond which memory, not time, limits"
     for key, g in groups.groupby(t.data, t.group_fields(drop=("model", "widths", "grid_size"))):
         for model in sorted(set(g["model"])):
@@ -429,8 +431,16 @@ def _limits(t: Table, goals: Goals, rows: list, text: list) -> None:
             try:
                 lim = memory_or_time_limit(g, goals.memory_budget_bytes, goals.step_time_budget_s, model)
             except ValueError as e:
-                text.append(f"{label}: {e}.")
-                rows.append({"question": question, "group": label, "answer": f"not resolved: {e}", "value": np.nan,
+                left = groups.select_records(left_out, {**key, "model": model}) \
+                    if left_out is not None and len(left_out) else pd.DataFrame()
+                left = left[~left["n_params"].isin(set(g.loc[g["model"] == model, "n_params"]))] if len(left) else left
+                if len(left) and g.loc[g["model"] == model, "n_params"].nunique() < 2:
+                    answer = unanswered(f"every run of {left['n_params'].nunique()} size(s) was disturbed", left)
+                    text.append(f"{label}: no limit can be given: {answer.split(': ', 2)[2]} ({disturbed_why(left)}).")
+                else:
+                    answer = f"not resolved: {e}"
+                    text.append(f"{label}: {e}.")
+                rows.append({"question": question, "group": label, "answer": answer, "value": np.nan,
                              "basis": NAME})
                 continue
             other = "time" if lim["limit"] == "memory" else "memory"
@@ -479,6 +489,6 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
     from which FSDP lowers the peak memory per process (per model)."""
     t = table_of(ctx)
     rows, text = [], []
-    _limits(t, goals, rows, text)
+    _limits(t, goals, rows, text, ctx.left_out(RECORDS))
     _fsdp_answers(t, ctx.runs(RECORDS).data, rows, text)
     return rows, text
