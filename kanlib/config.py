@@ -90,6 +90,14 @@ def code_version() -> str:
     return h.hexdigest()[:12]
 
 
+def host_malloc_asked() -> str:
+    """The host allocator setting a run launched from this environment asks for: ``KANLIB_HOST_MALLOC``
+    lower-cased (``steady`` when unset or empty; kanlib.metrics.steady_host_allocator applies it and refuses other
+    values). It moved the one-process baseline from 200 to 129 ms (docs/measurement.md), so it is part of the
+    run key."""
+    return os.environ.get("KANLIB_HOST_MALLOC", "steady").strip().lower() or "steady"
+
+
 def runtime_sources(package_dir: str) -> list[str]:
     """The ``.py`` files under ``package_dir`` that a run executes (relative paths, sorted): every module and
     subpackage except those named in :data:`ANALYSIS_MODULES`."""
@@ -213,11 +221,15 @@ class Config:
 
     def key_inputs(self) -> dict:
         """What a run's result depends on besides the config and the code, hashed into :meth:`run_key`: the torch
-        version (:func:`torch_version`), and for ``task=file`` the data file's content (:func:`data_fingerprint`),
-        so a torch upgrade or rewritten data reruns instead of reusing old records."""
+        version (:func:`torch_version`), for ``task=file`` the data file's content (:func:`data_fingerprint`), and a
+        host allocator other than the default (:func:`host_malloc_asked`), so a torch upgrade, rewritten data or
+        ``KANLIB_HOST_MALLOC=system`` reruns instead of reusing (and later pooling with) old records. The default
+        allocator adds nothing, so the keys of existing folders stay as they were."""
         out = {"torch_version": torch_version()}
         if getattr(self, "task", "") == "file" and getattr(self, "data_path", ""):
             out["data_sha256"] = data_fingerprint(self.data_path)
+        if host_malloc_asked() != "steady":
+            out["host_malloc"] = host_malloc_asked()
         return out
 
     def run_dir(self) -> str:

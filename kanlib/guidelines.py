@@ -36,7 +36,7 @@ import pandas as pd
 
 from kanlib import studies
 from kanlib.analysis import groups, load, stats
-from kanlib.analysis.context import Context, Goals
+from kanlib.analysis.context import UNANSWERED, Context, Goals, disturbed_why, unanswered
 
 COLUMNS = ["question", "group", "answer", "value", "basis", "runs", "ranked", "rests_on"]
 """Each answer: the question, the group of records it answers for, the answer (``decision: detail``), its value,
@@ -149,6 +149,12 @@ def guidelines_of(ctx: Context, goals: Goals) -> Guidelines:
             rows += annotate(r, stability, m.RECORDS)
             records_of.update({(a["question"], a["group"]): m.RECORDS for a in r})
             text += t
+    for study in ctx.studies_left_out():  # measured, every run disturbed: unanswered, not silently absent
+        left = ctx.left_out(study)
+        answer = unanswered("every run was disturbed", left)
+        rows += annotate([{"question": f"{study}: every question", "group": "", "answer": answer,
+                           "value": float("nan"), "basis": study}], stability, study)
+        text.append(f"{study}: nothing can be answered: {answer.split(': ', 2)[2]} ({disturbed_why(left)}).")
     if not rows and not text:
         text.append(f"No study records to derive guidelines from (have studies: {sorted(have)}).")
     text += unstable_sentences(stability)
@@ -200,10 +206,21 @@ def from_out_dir(out_dir: str, code: str = "newest", target_efficiency: float = 
     return guidelines_of(ctx, goals)
 
 
+UNANSWERED_DECISIONS = (UNANSWERED, "not measured")
+"""Decisions that answer nothing (:func:`is_unanswered`): the runs were disturbed and left out, or never made."""
+
+
+def is_unanswered(answer) -> bool:
+    """Whether an answer leaves its question unanswered (:data:`UNANSWERED_DECISIONS`; a missing answer too)."""
+    return not isinstance(answer, str) or decision(answer) in UNANSWERED_DECISIONS
+
+
 def compare(a: Guidelines, b: Guidelines) -> pd.DataFrame:
     """The answers of two sets of guidelines side by side (e.g. two runs of the same study): one row per
     (question, group) of either, with ``answer_a``, ``answer_b`` and ``same`` (the same :func:`decision`). A
-    study says the same thing twice when every row is ``same``; a question only one of them answers is not.
+    study says the same thing twice when every row is ``same``; a question only one of them answers is not, and
+    neither is one both leave unanswered (``unanswered``: ``"a"``, ``"b"``, ``"both"`` or '', :func:`is_unanswered`:
+    two studies whose disturbed runs were left out agree on nothing).
     ``unstable``: for a decision that differs, what it rests on in either run (:func:`_why_differs`);
     ``near_both``: it differs and both runs name it as near the target (neither run settles it)."""
     keys = ["question", "group"]
@@ -215,7 +232,10 @@ def compare(a: Guidelines, b: Guidelines) -> pd.DataFrame:
 
     both = side(a, "a").merge(side(b, "b"), on=keys, how="outer")
     decided = [both[c].map(lambda v: decision(v) if isinstance(v, str) else None) for c in ("answer_a", "answer_b")]
-    both["same"] = decided[0].notna() & (decided[0] == decided[1])
+    open_a, open_b = (both[c].map(is_unanswered) for c in ("answer_a", "answer_b"))
+    both["unanswered"] = [{(True, True): "both", (True, False): "a", (False, True): "b"}.get((x, y), "")
+                          for x, y in zip(open_a, open_b)]
+    both["same"] = decided[0].notna() & (decided[0] == decided[1]) & ~open_a & ~open_b
     records_of = {**b.records_of, **a.records_of}  # which study's points an answer rests on, from either side
     for tag, g in (("a", a), ("b", b)):  # a question one side did not answer: what its points say there
         missing = both[f"answer_{tag}"].isna()
@@ -269,7 +289,10 @@ def summary(g: Guidelines, width: int = 110) -> str:
     unstable = t[t["rests_on"].fillna("") != ""] if "rests_on" in t else t.iloc[0:0]
     unranked = t[~t["ranked"].astype(bool)] if "ranked" in t else t.iloc[0:0]
     ctx = g.context
-    lines.append(f"{len(t)} decisions; {len(unstable)} rest on unstable or disturbed points or near the target; "
+    n_open = int(t["answer"].map(is_unanswered).sum()) if len(t) else 0
+    lines.append(f"{len(t)} decisions" + (f" ({n_open} unanswered: their runs disturbed and left out, or not made)"
+                                          if n_open else "")
+                 + f"; {len(unstable)} rest on unstable or disturbed points or near the target; "
                  f"{len(unranked)} rest on "
                  f"points with fewer than {stats.MIN_RUNS} runs (not ranked)")
     if ctx is not None:
@@ -290,7 +313,7 @@ def summary(g: Guidelines, width: int = 110) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kanlib.guidelines OUT [OUT2]``: the guidelines of the records under OUT; with OUT2, both
-    side by side and whether they agree (exit status 1 when any answer differs)."""
+    side by side and whether they agree (exit status 1 when any answer differs or both leave it unanswered)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m kanlib.guidelines", description=main.__doc__)
@@ -317,16 +340,22 @@ def main(argv: list[str] | None = None) -> int:
     table = compare(first, found[1])
     with pd.option_context("display.max_rows", None, "display.max_colwidth", 60, "display.width", 200):
         print(table[["question", "group", "answer_a", "answer_b", "same"]].to_string(index=False))
-    differ = int((~table["same"]).sum())
-    for _, r in table[~table["same"]].iterrows():
+    both_open = table["unanswered"] == "both"
+    differ = int((~table["same"] & ~both_open).sum())
+    for _, r in table[~table["same"] & ~both_open].iterrows():
         print(f"differs: {r['question']} [{r['group']}]: rests on {r['unstable']}")
+    for _, r in table[both_open].iterrows():
+        print(f"unanswered in both: {r['question']} [{r['group']}]: a: {r['answer_a']} | b: {r['answer_b']}")
     near = int(table["near_both"].sum())
-    print(f"{len(table) - differ} of {len(table)} answers the same" + (f"; {differ} differ" if differ else "")
+    n_open = int(both_open.sum())
+    print(f"{int(table['same'].sum())} of {len(table)} answers the same"
+          + (f"; {n_open} unanswered in both (not an agreement)" if n_open else "")
+          + (f"; {differ} differ" if differ else "")
           + (f", {int((table['unstable'] == NOT_NAMED).sum())} of them not on unstable or disturbed points or near "
              f"the target" if differ else "")
           + (f"; {near} of them near the target in both runs (each run's interval holds it: neither settles it)"
              if near else ""))
-    return 1 if differ else 0
+    return 1 if differ or n_open else 0
 
 
 if __name__ == "__main__":

@@ -370,7 +370,7 @@ def _judge(claim: str, a, m: dict, other: str, guidelines, ctx) -> dict:
                 "why": "most of the hook time is waiting for a late rank, not transfer" if waiting else
                        "most of the hook time is transfer"}
     if claim == "Model-size scaling":
-        slope = time_slope(a.table.data)
+        slope = time_slope(a.table)
         num = f"step time log-log slope {slope:.2f} against parameters" if np.isfinite(slope) else "one size only"
         why = []
         if not m["on_gpu"]:
@@ -399,16 +399,13 @@ def _judge(claim: str, a, m: dict, other: str, guidelines, ctx) -> dict:
     return {"verdict": nc if other or n_unranked == len(t) else "confirmed", "number": num, "why": "; ".join(why)}
 
 
-def time_slope(t: pd.DataFrame) -> float:
-    """Log-log slope of the median step time against the parameter count over a model-size table's sizes (one model
-    and placement at a time, the median of the slopes): 1 = time in proportion to the parameters; NaN with fewer
-    than two sizes."""
-    slopes = []
-    for _, g in t.groupby([c for c in ("model", "placement", "parallelism") if c in t], sort=True):
-        g = g[np.isfinite(g["step_time_s"].to_numpy(float))]
-        if g["n_params"].nunique() >= 2:
-            slopes.append(np.polyfit(np.log(g["n_params"].to_numpy(float)),
-                                     np.log(g["step_time_s"].to_numpy(float)), 1)[0])
+def time_slope(t) -> float:
+    """Log-log slope of the median step time against the parameter count over a model-size table's sizes (one line
+    of sizes at a time, kanlib.studies.model_size.size_lines: nothing but the size differs along it; the median of
+    the slopes): 1 = time in proportion to the parameters; NaN with fewer than two sizes."""
+    size = studies.model_size
+    slopes = [size.loglog_slope(g, "step_time_s") for _, g in size.size_lines(t, "step_time_s")]
+    slopes = [v for v in slopes if np.isfinite(v)]
     return float(np.median(slopes)) if slopes else float("nan")
 
 

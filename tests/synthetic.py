@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import re
+import uuid
 
 import numpy as np
 import plotly.graph_objects as go
@@ -288,3 +289,10 @@ def model_colours(fig):
             c = t.marker.line.color if t.marker.color == "white" else c
         out.setdefault(t.legendgroup, set()).add(c)
     return out
+
+
+def disturbed(recs, foreign=0.85):
+    """The runs ``recs`` as disturbed ones: other processes took ``foreign`` of their CPUs over a long enough window
+    (kanlib.records.disturbance), each with a run id of its own."""
+    return [dict(r, foreign_cpu_frac=foreign, interference_window_s=4.0, run_id=f"hog-{uuid.uuid4().hex}")
+            for r in recs]

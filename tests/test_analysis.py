@@ -207,3 +207,58 @@ def test_a_copy_of_a_study_folder_inside_out_is_counted_once(tmp_path):
     text = str(w[0].message)
     assert f"{tmp_path}/strong_scaling.bak/run0/record.json copies {tmp_path}/strong_scaling/run0/record.json" in text
     assert strong_scaling.table(df).data["n_runs"].tolist() == [3, 3]
+
+
+def test_runs_of_another_host_allocator_are_never_pooled_and_rerun_under_their_own_key(tmp_path, monkeypatch):
+    """Issue 34.5: ``host_malloc`` was recorded but neither a group field nor in the run key: a study resumed under
+    ``KANLIB_HOST_MALLOC=system`` reused the steady runs as done and pooled both settings into one 1x1 point."""
+    from kanlib.config import RunConfig
+
+    monkeypatch.delenv("KANLIB_HOST_MALLOC", raising=False)
+    default = RunConfig().run_key()
+    monkeypatch.setenv("KANLIB_HOST_MALLOC", "steady")
+    assert RunConfig().run_key() == default  # the default setting keeps existing folders' keys
+    monkeypatch.setenv("KANLIB_HOST_MALLOC", " System ")
+    assert RunConfig().run_key() != default  # another setting reruns into its own folder, never reuses
+    write_records(tmp_path, strong_records({"1x1": 0.129, "1x2": 0.07}, host_malloc="steady")
+                  + strong_records({"1x1": 0.200}, host_malloc="system"))
+    t = strong_scaling.table(load.load_records(str(tmp_path)))
+    assert "host_malloc" in t.groups and "host_malloc" in t.note
+    one = t.data[t.data["placement"] == "1x1"]
+    assert sorted(one["n_runs"]) == [3, 3]  # two 1x1 points of three runs, not one of six
+    assert one.set_index("host_malloc")["step_time_s"].to_dict() == pytest.approx({"steady": 0.13029,
+                                                                                     "system": 0.202})
+    g = guidelines.from_out_dir(str(tmp_path))
+    assert sorted(g.table["group"]) == ["kan, host_malloc=steady", "kan, host_malloc=system"]
+    st = g.context.stability()
+    assert sorted(st.loc[st["placement"] == "1x1", "point"]) == ["1x1, host_malloc=steady",
+                                                                 "1x1, host_malloc=system"]
+
+
+def test_newest_code_is_this_checkouts_not_a_copied_in_record_that_finished_last(tmp_path, monkeypatch):
+    """Issue 34.12: the "newest" code version was the one whose last run finished latest, so one record copied in
+    from another checkout, finished later, replaced this checkout's whole study."""
+    from kanlib.records import git_sha
+
+    ours = strong_records({1: 2.0, 2: 1.0}, code_version="ours", git_sha="0" * 40,
+                          finished_at="2026-01-01T00:00:00+00:00")
+    copied = [dict(ours[0], code_version="theirs", git_sha="f" * 40, step_time_s=9.0,
+                   finished_at="2026-03-01T00:00:00+00:00")]
+    write_records(tmp_path, ours + copied)
+    monkeypatch.setenv("KANLIB_CODE_VERSION", "ours")  # what a run from this checkout would record
+    sel = load.read(str(tmp_path)).select()
+    assert set(sel.data["code_version"]) == {"ours"} and len(sel.data) == 6
+    assert sel.left_out[0]["code_version"] == "theirs" and sel.left_out[0]["n_records"] == 1
+    # not this checkout's code (an edit since): this checkout's commit decides, edited or not
+    monkeypatch.setenv("KANLIB_CODE_VERSION", "edited-since")
+    head = git_sha().removesuffix("-dirty")
+    assert head != "unknown"
+    two = tmp_path / "two"
+    write_records(two, [dict(r, git_sha=head + "-dirty") for r in strong_records({1: 2.0}, code_version="ours",
+                                                                                  repeats=2)]
+                  + strong_records({1: 3.0, 2: 2.0}, code_version="theirs", git_sha="f" * 40,
+                                   finished_at="2026-03-01T00:00:00+00:00"))
+    assert set(load.load_records(str(two))["code_version"]) == {"ours"}
+    # neither: the version with the most records, the latest finish only between equals
+    assert set(load.load_records(str(tmp_path))["code_version"]) == {"ours"}
+    assert load.newest_code(pd.DataFrame(ours[:1] + copied)) == "theirs"

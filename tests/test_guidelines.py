@@ -270,3 +270,61 @@ def test_compare_finds_the_points_of_an_answer_whose_basis_is_not_its_study():
                               "left out)"
     b.context = None  # nothing to look at: the difference is not named
     assert guidelines.compare(a, b).loc[0, "unstable"] == guidelines.NOT_NAMED
+
+
+def test_every_multi_process_run_disturbed_is_unanswered_never_an_agreement(tmp_path):
+    """Issue 34.8: with every multi-process run measured but disturbed (and left out), strong scaling said "not
+    measured", weak scaling, communication and model size said nothing or "not resolved", and comparing two such
+    folders said "1 of 1 answers the same" and exited 0. Each says how many disturbed runs were left out, counts as
+    unanswered, and a comparison names it and exits 1."""
+    from synthetic import comm_records, disturbed, size_records, weak_records
+
+    def study(root):
+        recs = strong_records({"1x1": 0.2}) + disturbed(strong_records({"1x2": 0.11, "2x1": 0.12}))
+        recs += weak_records("kan", {1: 1000}) + disturbed(weak_records("kan", {2: 1600}))
+        recs += comm_records("2x1") + disturbed(comm_records("1x2"))
+        sizes = size_records()  # kan and mlp at three sizes; the kan's two larger sizes disturbed
+        recs += [r for r in sizes if r["model"] != "kan" or r["n_params"] == 1_000]
+        recs += disturbed([r for r in sizes if r["model"] == "kan" and r["n_params"] > 1_000])
+        write_records(root, recs)
+        return root
+
+    g = guidelines.from_out_dir(str(study(tmp_path / "a")))
+    answers = dict(zip(g.table["question"] + " [" + g.table["group"] + "]", g.table["answer"]))
+    assert answers["placement with efficiency >= 0.8 [kan]"] == \
+        "not answered: every multi-process run was disturbed: 6 disturbed run(s) left out at 1x2, 2x1"
+    assert answers["1x2: smallest per-process batch with weak efficiency >= 0.8 [kan]"] == \
+        "not answered: every run at 1x2 was disturbed: 1 disturbed run(s) left out at 1x2"
+    assert answers["1x2: bucket size minimising exposed communication [kan]"] == \
+        "not answered: every run at 1x2 was disturbed: 8 disturbed run(s) left out at 1x2"
+    assert answers["model size beyond which memory, not time, limits [kan]"] == \
+        "not answered: every run of 2 size(s) was disturbed: 2 disturbed run(s) left out at 1x1"
+    said = ("kan: no placement can be recommended: 6 disturbed run(s) left out at 1x2, 2x1, every multi-process run "
+            "measured (other processes took 85% of its CPUs; disturbed='keep' shows them apart")
+    assert any(s.startswith(said) for s in g.sentences)
+    text = guidelines.summary(g)
+    assert "decisions (4 unanswered: their runs disturbed and left out, or not made)" in text
+    study(tmp_path / "b")
+    out = _cli(tmp_path / "a", tmp_path / "b")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "answers the same; 4 unanswered in both (not an agreement)" in out.stdout
+    assert "unanswered in both: placement with efficiency >= 0.8 [kan]: a: not answered: every multi-process run " \
+           "was disturbed: 6 disturbed run(s) left out" in out.stdout
+    t = guidelines.compare(g, guidelines.from_out_dir(str(tmp_path / "b")))
+    assert (t.loc[t["answer_a"].str.startswith("not answered"), "unanswered"] == "both").all()
+    assert not t.loc[t["answer_a"].str.startswith("not answered"), "same"].any()
+
+
+def test_a_study_whose_every_run_was_disturbed_is_unanswered_not_absent(tmp_path):
+    """Issue 34.8: a study measured with every run disturbed left no answer at all, so two such folders compared
+    equal on the other studies alone."""
+    from synthetic import disturbed, weak_records
+
+    for side in ("a", "b"):
+        write_records(tmp_path / side, strong_records({"1x1": 0.2, "1x2": 0.11}, repeats=5)
+                      + disturbed(weak_records("kan", {1: 1000, 2: 1600})))
+    g = guidelines.from_out_dir(str(tmp_path / "a"))
+    row = g.table[g.table["basis"] == "weak_scaling"].iloc[0]
+    assert row["question"] == "weak_scaling: every question"
+    assert row["answer"] == "not answered: every run was disturbed: 2 disturbed run(s) left out at 1x1, 1x2"
+    assert guidelines.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 1

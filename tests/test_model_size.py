@@ -1,10 +1,11 @@
 """Model-size scaling: KAN beside a matched MLP per size, FSDP against DDP, and the guidelines on where memory
 limits and where sharding pays."""
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from synthetic import fsdp_records, traces_of, write_records
+from synthetic import fsdp_records, rec, traces_of, write_records
 
 from kanlib import guidelines, report
 from kanlib.analysis import load, style
@@ -25,7 +26,7 @@ def test_fsdp_table_and_the_size_where_it_pays(tmp_path):
     assert f["pays"].tolist() == [False, False, True, True]
     assert model_size.fsdp_pays_from(f, "kan") == 1_000_000
     g = guidelines.from_out_dir(str(tmp_path))
-    row = g.table[g.table["question"] == "model size from which FSDP lowers peak memory per process"].iloc[0]
+    row = g.table[g.table["question"] == "1x2: model size from which FSDP lowers peak memory per process"].iloc[0]
     assert row["value"] == 1_000_000 and row["answer"].startswith("from 1,000,000 parameters: peak memory per process 0.")
 
 
@@ -36,7 +37,7 @@ def test_fsdp_that_never_pays_is_said_with_numbers(tmp_path):
     assert not f["pays"].any() and model_size.fsdp_pays_from(f, "kan") is None
     g = guidelines.from_out_dir(str(tmp_path))
     s = [x for x in g.sentences if "FSDP" in x]
-    assert s and s[0].startswith("kan, 1x2: the data show no size where FSDP pays: no measured size: at the largest "
+    assert s and s[0].startswith("kan 1x2: the data show no size where FSDP pays: no measured size: at the largest "
                                  "(10,000,000 parameters) FSDP's peak memory per process is 1.00x DDP's and its step "
                                  "1.30x")
     assert model_size.fsdp_table(size.with_data(size.data.iloc[:0])).empty
@@ -83,3 +84,32 @@ def test_model_size_figure_colours_match_in_all_four_panels(study_dir):
     assert all(p == {"kan": style.MODEL_COLORS["kan"], "mlp": style.MODEL_COLORS["mlp"]} for p in by_panel.values())
     widths = {t.legendgroup: t.line.width for t in traces_of(fig)}
     assert widths["kan"] > widths["mlp"]  # coinciding lines both stay visible
+
+
+def test_model_size_findings_never_draw_one_line_through_ddp_and_fsdp(tmp_path):
+    """Issue 34.6: the findings grouped by model and placement only, so "kan 1x2: 3.57 to 23.6 ms" ran from DDP at
+    880 parameters to FSDP at 42,880, and the front page's step-time slope came from that mix; FSDP's answer was
+    per model, pooling every placement and batch."""
+    mixed = [rec(study="model_size", parallelism=par, world_size=2, nproc_per_node=2, global_batch=64,
+                 widths=[2, p // 20, 1], n_params=p, peak_mem_bytes=1e8 + 16 * p, model_state_bytes=16 * p,
+                 step_time_s=t, repeat=r)
+             for par, pts in (("ddp", {880: 3.57e-3, 5_000: 4.0e-3}), ("fsdp", {10_000: 20e-3, 42_880: 23.6e-3}))
+             for p, t in pts.items() for r in range(3)]
+    write_records(tmp_path / "mixed", mixed)
+    a = report.analyze(str(tmp_path / "mixed"), "model_size")
+    [mem, time] = model_size.finding(a)[:2]
+    assert "880 to 42,880" not in time["ours"] and "880 to 42,880" not in mem["ours"]
+    assert "kan 1x2, parallelism=ddp: 3.57 to 4 ms from 880 to 5,000 parameters" in time["ours"]
+    assert "kan 1x2, parallelism=fsdp: 20 to 23.6 ms from 10,000 to 42,880 parameters" in time["ours"]
+    slopes = [np.log(4.0 / 3.57) / np.log(5_000 / 880), np.log(23.6 / 20) / np.log(42_880 / 10_000)]
+    assert report.time_slope(a.table) == pytest.approx(np.median(slopes), rel=1e-3)
+    # FSDP against DDP at two global batches: one answer per line of sizes, never pooled across batches
+    two = fsdp_records() + [dict(r, global_batch=128) for r in fsdp_records(fsdp_bytes_per_param=16.0)]
+    write_records(tmp_path / "two", two)
+    g = guidelines.from_out_dir(str(tmp_path / "two"))
+    rows = g.table[g.table["question"] == "1x2: model size from which FSDP lowers peak memory per process"]
+    assert dict(zip(rows["group"], rows["value"].fillna(0))) == {"kan, global_batch=64": 1_000_000,
+                                                                 "kan, global_batch=128": 0}
+    fsdp = model_size.finding(report.analyze(str(tmp_path / "two"), "model_size"))[2]["ours"]
+    assert "kan 1x2, global_batch=128: no measured size where FSDP pays" in fsdp
+    assert "kan 1x2, global_batch=64: FSDP pays from 1,000,000 parameters" in fsdp

@@ -139,7 +139,7 @@ def test_report_findings_cover_the_new_studies(full_study_dir):
     assert found["Kernel speedup x DDP speedup"]["ours"].startswith("fast at 1x2: measured 4.00x vs product 4.55x")
     assert "powersgd rank 1 (1x4): step 0.88x, val loss +10.00% - harms convergence" in \
         found["Data-parallel options against plain DDP"]["ours"]
-    assert found["FSDP against DDP: where sharding pays"]["ours"] == "kan: FSDP pays from 1,000,000 parameters"
+    assert found["FSDP against DDP: where sharding pays"]["ours"] == "kan 1x2: FSDP pays from 1,000,000 parameters"
     assert "recovered 5 ms" in found["Calibration: the link model on a known signal"]["ours"]
     assert found["The published setup predicted (speedup, efficiency, overhead)"]["published"].startswith("5.97x")
     assert "Model sizes above the target efficiency at scale" in found

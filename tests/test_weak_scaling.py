@@ -136,6 +136,7 @@ def test_a_question_one_run_could_not_answer_is_named_with_why(tmp_path):
 
     t = guidelines.compare(study(tmp_path / "a", False), study(tmp_path / "b", True))
     [row] = t[~t["same"]].to_dict("records")
-    assert row["answer_b"] != row["answer_b"]  # NaN: not answered
-    assert row["unstable"].startswith("b: not answered; 1 of 1 point(s) unstable: 1x2") and "disturbed" in \
-        row["unstable"]
+    # not answered, and it says so itself (issue 34.8): how many disturbed runs were left out, and where
+    assert row["answer_b"] == "not answered: every run at 1x2 was disturbed: 5 disturbed run(s) left out at 1x2"
+    assert row["unanswered"] == "b"
+    assert row["unstable"].startswith("b: 1 of 1 point(s) unstable: 1x2") and "disturbed" in row["unstable"]

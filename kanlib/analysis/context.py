@@ -15,6 +15,11 @@ import numpy as np
 
 from kanlib.analysis import commmodel, groups, load, stats
 
+UNANSWERED = "not answered"
+"""How an answer begins that the records could not give because the runs it needed were measured but disturbed and
+left out (:func:`unanswered`): a question unanswered in two studies is no agreement between them
+(kanlib.guidelines.compare counts it apart)."""
+
 BENCH_TIME_COLS = ("time_s", "time_s_p10", "time_s_p90")
 """The collective-benchmark times a link model can be fitted on."""
 
@@ -115,6 +120,32 @@ class Context:
             return load.Selection(df, [], self.code, flagged, self.disturbed)
         return self.cached(("runs", study), lambda: self.records.select(study, self.code, self.disturbed))
 
+    def left_out(self, study: str) -> pd.DataFrame:
+        """The disturbed runs of ``study`` that the policy left out, one row each with ``placement`` and
+        ``disturbed_why`` (empty when the policy keeps them, or there is none), once."""
+        def make():
+            try:
+                if self.frame is not None:
+                    df = load.mark_disturbed(self.frame[self.frame["study"] == study])
+                else:
+                    df = self.records.select(study, self.code, "keep").data
+            except load.NoRecordsError:
+                return pd.DataFrame()
+            df = df[df["disturbed"]]
+            return groups.with_placement(df) if len(df) else pd.DataFrame()
+
+        return pd.DataFrame() if self.disturbed == "keep" else self.cached(("left_out", study), make)
+
+    def studies_left_out(self) -> list[str]:
+        """The studies whose every run (of the code kept) was disturbed and left out: they answer nothing."""
+        if self.disturbed == "keep":
+            return []
+        try:
+            every = self.frame if self.frame is not None else self.records.select(None, self.code, "keep").data
+        except load.NoRecordsError:
+            return []
+        return sorted(set(every["study"]) - self.studies()) if "study" in every else []
+
     def studies(self) -> set[str]:
         """The studies that have records here (empty when none)."""
         try:
@@ -198,6 +229,19 @@ class Context:
     def model_check(self) -> "ModelCheck":
         """Whether the link model passed its own validation (:func:`check_model`), once."""
         return self.cached("model_check", lambda: check_model(self))
+
+
+def unanswered(what: str, left: pd.DataFrame) -> str:
+    """The answer to a question that disturbed runs took away: ``"not answered: <what>: 3 disturbed run(s) left out
+    at 1x2, 2x1"`` (:data:`UNANSWERED`; ``left``: those runs, :meth:`Context.left_out`, with ``placement``)."""
+    places = ", ".join(sorted(set(left["placement"]), key=groups.placement_key)) if "placement" in left else ""
+    return f"{UNANSWERED}: {what}: {len(left)} disturbed run(s) left out" + (f" at {places}" if places else "")
+
+
+def disturbed_why(left: pd.DataFrame) -> str:
+    """The distinct reasons of the disturbed runs ``left``, ``"; "``-joined, and how to see them."""
+    whys = sorted({str(w) for w in left.get("disturbed_why", pd.Series(dtype=str)) if w})
+    return "; ".join(whys + ["disturbed='keep' shows them apart, never pooled with clean runs"])
 
 
 STABILITY_COLUMNS = ["study", "point", "placement", "n_runs", "n_disturbed", "median", "spread", "unstable", "why",

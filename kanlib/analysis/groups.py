@@ -4,6 +4,8 @@
   (:func:`design`), except the study's own axes (placement, and e.g. the global batch of weak scaling) and
   bookkeeping (``repeat``, ``out_dir``, timeouts, checkpointing), and shows those fields. When records differ
   in a field that no single sweep of the study varies, the table's note says the folder holds several sweeps.
+- **Host allocator.** ``host_malloc`` (steady or system) is a group field like the code version: a study resumed
+  under another ``KANLIB_HOST_MALLOC`` shows both settings as groups of their own, named.
 - **Placement.** ``nnodes`` x ``nproc_per_node`` is always part of a table row: two processes on one node
   (``1x2``) and on two nodes (``2x1``) are two points.
 - **Bad values.** A NaN, infinite, zero or negative time never enters a median (:func:`valid` drops such
@@ -25,8 +27,11 @@ BOOKKEEPING = ("repeat", "out_dir", "pg_timeout_s", "checkpoint_every", "study",
                "config_device", "record_path", "disturbed_why")
 # Fields of the records that are not config fields but say what ran (values used, or the code).
 RECORD_GROUP_FIELDS = ("backend", "device", "device_name", "code_version", "torch_version", "hostname",
-                       "data_sha256", "disturbed")
-"""``disturbed``: kept disturbed runs (kanlib.analysis.load, ``disturbed="keep"``) are a group of their own."""
+                       "data_sha256", "host_malloc", "disturbed")
+"""``disturbed``: kept disturbed runs (kanlib.analysis.load, ``disturbed="keep"``) are a group of their own.
+``host_malloc``: the host allocator's setting (``KANLIB_HOST_MALLOC``) moved a one-process step from 200 to 129 ms,
+so runs of different settings are never pooled (an empty value, a record older than the field, is a setting of its
+own: unknown)."""
 PLACEMENT_AXES = ("nnodes", "nproc_per_node")
 """The axes of a study that declares none: the placement."""
 
@@ -76,8 +81,9 @@ def varies(s: pd.Series) -> bool:
 
 
 def design(df: pd.DataFrame, study: str, axes=PLACEMENT_AXES, swept=(), extra: tuple[str, ...] = ()) -> Design:
-    """The group fields of ``df`` (records of one study): every config field, plus backend, device,
-    device name, code version, torch version, host and data file content, that differs between records, except bookkeeping and the study's
+    """The group fields of ``df`` (records of one study): every config field, plus backend, device, device name,
+    code version, torch version, host, data file content and host allocator (:data:`RECORD_GROUP_FIELDS`), that
+    differs between records, except bookkeeping and the study's
     ``axes``; ``extra`` fields are added (and kept even when constant). ``swept``: what one sweep of the study
     varies; a group field outside it means the folder holds several sweeps."""
     axes = list(axes)

@@ -8,8 +8,9 @@ kanlib.records. Derived quantities are computed by the study modules (kanlib.stu
   and what it could not use (:class:`Records`); everything else selects from that.
 - **Code.** Records of different code (``code_version``; schema-1 records, which have none, count as the
   version ``unknown``) are never pooled. By default :meth:`Records.select` keeps, per study, the records of the
-  newest code version (the one whose latest run finished last) and names what it left out
-  (:attr:`Selection.left_out`); ``code="all"`` keeps every version as a group of its own.
+  newest code version (:func:`newest_code`: this checkout's own code where the records have it, never a version
+  that only finished last) and names what it left out (:attr:`Selection.left_out`); ``code="all"`` keeps every
+  version as a group of its own.
 - **Disturbed runs.** A run whose machine was busy during its measured steps (:func:`kanlib.records.disturbance`
   non-empty: other processes took its CPUs, a rank waited for a CPU, another process on its GPU) is left out by
   default and named (:attr:`Selection.disturbed`, :attr:`Selection.disturbed_note`); ``disturbed="keep"`` keeps it,
@@ -93,7 +94,7 @@ class Records:
 
     def select(self, study: str | None = None, code: str = "newest", disturbed: str = "leave_out") -> Selection:
         """The training records of ``study`` (every study when None) that the code policy ``code`` keeps:
-        ``"newest"`` keeps, per study, the code version whose last run finished latest; ``"all"`` keeps every
+        ``"newest"`` keeps, per study, the version :func:`newest_code` chooses; ``"all"`` keeps every
         version (the tables then group by ``code_version``); any other string keeps that ``code_version`` only.
         ``disturbed``: ``"leave_out"`` (default) drops the disturbed runs and names them, ``"keep"`` keeps them
         marked (see :func:`split_disturbed`). No record raises :class:`NoRecordsError` saying where it looked."""
@@ -209,15 +210,13 @@ def select_code(df: pd.DataFrame, code: str = "newest") -> tuple[pd.DataFrame, l
         return df, []
     keep = pd.Series(False, index=df.index)
     studies = df["study"] if "study" in df else pd.Series("", index=df.index)
+    here: list = []  # this checkout's (code_version, commit), worked out once and only when a study needs it
     for s in studies.unique():
         sel = studies == s
         if code == "newest":
-            # the version whose latest run finished last (schema-1 records may lack finished_at)
-            when = df.loc[sel, "finished_at"] if "finished_at" in df else pd.Series("", index=df.index[sel])
-            when = when.fillna("").astype(str)
-            if "started_at" in df:
-                when = when.where(when != "", df.loc[sel, "started_at"].fillna("").astype(str))
-            newest = when.groupby(df.loc[sel, "code_version"]).max().sort_values(kind="stable").index[-1]
+            if df.loc[sel, "code_version"].nunique() > 1 and not here:
+                here.extend(this_checkout())
+            newest = newest_code(df[sel], *(here or ("", "")))
             keep |= sel & (df["code_version"] == newest)
         else:
             keep |= sel & (df["code_version"] == code)
@@ -227,6 +226,43 @@ def select_code(df: pd.DataFrame, code: str = "newest") -> tuple[pd.DataFrame, l
         shas = sorted({str(v) for v in g.get("git_sha", pd.Series(["unknown"])).fillna("unknown")})
         left.append({"study": s, "code_version": cv, "git_sha": ", ".join(shas), "n_records": int(len(g))})
     return df[keep], left
+
+
+def this_checkout() -> tuple[str, str]:
+    """The code version a run launched from this checkout would record (:func:`kanlib.config.code_version`) and the
+    commit it runs from (``git rev-parse HEAD`` of the checkout, without ``-dirty``; '' where git cannot say)."""
+    from kanlib.config import code_version  # torch-free
+    from kanlib.records import git_sha
+
+    sha = git_sha()
+    return code_version(), "" if sha == "unknown" else sha.removesuffix("-dirty")
+
+
+def newest_code(df: pd.DataFrame, checkout_version: str = "", checkout_commit: str = "") -> str:
+    """The code version the ``"newest"`` policy keeps among the records ``df`` (one study): the first rule that
+    picks one decides.
+
+    1. **This checkout's code**: ``checkout_version`` (:func:`this_checkout`), where some record has it: what a
+       rerun from here would measure and write.
+    2. **This checkout's commit**: the versions whose records' ``git_sha`` is ``checkout_commit`` (edited or not);
+       of several, as in rule 3.
+    3. **The most records**, then the latest finish (``finished_at``, else ``started_at``) of a version's runs.
+
+    So a record copied in from elsewhere (another checkout, another machine) never wins by finishing last alone:
+    it must be this checkout's code or commit, or its version must have as many records as any other."""
+    versions = df["code_version"]
+    if checkout_version and (versions == checkout_version).any():
+        return checkout_version
+    if checkout_commit and "git_sha" in df:
+        commit = df["git_sha"].fillna("").astype(str).str.removesuffix("-dirty")
+        if (commit == checkout_commit).any():
+            df, versions = df[commit == checkout_commit], versions[commit == checkout_commit]
+    when = df["finished_at"] if "finished_at" in df else pd.Series("", index=df.index)  # schema 1 may lack it
+    when = when.fillna("").astype(str)
+    if "started_at" in df:
+        when = when.where(when != "", df["started_at"].fillna("").astype(str))
+    rank = pd.DataFrame({"n": versions.groupby(versions).size(), "last": when.groupby(versions).max()})
+    return rank.sort_values(["n", "last"], kind="stable").index[-1]
 
 
 def check_disturbed_policy(disturbed: str) -> None:

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kanlib.analysis import commmodel, fmt, groups, stats, style
-from kanlib.analysis.context import Context, Goals
+from kanlib.analysis.context import Context, Goals, disturbed_why, unanswered
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
 from kanlib.analysis.table import Table
@@ -481,6 +481,24 @@ def _prediction_answer(sel: pd.DataFrame, key: dict, p: str, label: str, fits: d
                                          "the prediction's band")})
 
 
+def _lost_placements(ctx: Context, points: pd.DataFrame, rows: list, text: list) -> None:
+    """Per model and multi-process placement with no plain-DDP point left because every run measured there was
+    disturbed and left out: an unanswered bucket-size question (not a silent absence)."""
+    left = ctx.left_out(RECORDS)
+    if not len(left):
+        return
+    have = set(zip(points["model"], points["placement"])) if len(points) else set()
+    left = left[left["world_size"] > 1]
+    for (m, p), lp in left.groupby(["model", "placement"], sort=True):
+        if (m, p) in have:
+            continue
+        answer = unanswered(f"every run at {p} was disturbed", lp)
+        text.append(f"{m}, {p}: no bucket size can be recommended: {answer.split(': ', 2)[2]}, every run measured "
+                    f"there ({disturbed_why(lp)}).")
+        rows.append({"question": f"{p}: bucket size minimising exposed communication", "group": str(m),
+                     "answer": answer, "value": np.nan, "basis": NAME})
+
+
 NO_BENCH = ("Communication model: no collective-benchmark records in this folder, so the calibrated model is not "
             "fitted and nothing is extrapolated (the DDP hook times mix transfer and waiting for other ranks and are "
             "not fitted instead); run the collective-benchmark section of 03_communication_overhead.")
@@ -498,10 +516,13 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
     try:
         t = plain_ddp(table_of(ctx))
     except KeyError as e:  # no pair of timed and no-op runs
+        _lost_placements(ctx, pd.DataFrame(), rows, text)
         return rows, text + [f"Communication: {e.args[0]}."]
     if t.empty:
         text.append("Communication: no point has both a timed and a no-op run, so nothing can be said.")
+        _lost_placements(ctx, t.data, rows, text)
         return rows, text
+    _lost_placements(ctx, t.data, rows, text)
     keys, recs, said_no_bench = t.group_fields(), records_of(ctx), False
     for key, g in groups.groupby(t.data, keys + ["comm_hook", "emulate_latency_s", "emulate_bandwidth_bytes_per_s"]):
         gkey = {k: v for k, v in key.items() if k in keys}

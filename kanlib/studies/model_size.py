@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kanlib.analysis import fmt, groups, stats, style
-from kanlib.analysis.context import Context, Goals
+from kanlib.analysis.context import Context, Goals, disturbed_why, unanswered
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
 from kanlib.analysis.table import Table
@@ -37,6 +37,46 @@ PARALLELISM_STYLE = {"ddp": dict(dash="solid", open=False), "fsdp": dict(dash="d
 def design(df: pd.DataFrame) -> groups.Design:
     """How this study's records split (:func:`kanlib.analysis.groups.design`)."""
     return groups.design(df, NAME, AXES, SWEPT)
+
+
+SIZE_AXES = ("widths", "grid_size")
+"""What varies along one line of sizes; everything else that differs (model, parallelism, placement, batch, host
+allocator, ...) names another line."""
+
+
+def line_fields(t: Table, drop=()) -> list[str]:
+    """The fields of :func:`table` that name one line of sizes (less ``drop``): the model, every other group field
+    but the size axes, and the placement (for ``nnodes`` and ``nproc_per_node``). Rows that differ in any of them
+    are never fitted, compared or described together: a line mixing DDP at 880 parameters with FSDP at 42,880
+    had read as one model's step time growing 3.57 to 23.6 ms."""
+    fields = ["model"] + t.group_fields(drop=SIZE_AXES + groups.PLACEMENT_AXES) + ["placement"]
+    return [f for f in dict.fromkeys(fields) if f not in drop and f in t.data]
+
+
+def size_lines(t: Table, col: str, drop=()):
+    """``(key, rows)`` per line of sizes (:func:`line_fields`, less ``drop``) whose ``col`` is finite, sorted by the
+    parameter count; ``t.data`` may be a subset of the table's rows (e.g. :func:`fsdp_table`'s)."""
+    d = t.data
+    if d.empty:
+        return
+    for key, g in groups.groupby(d, line_fields(t, drop)):
+        g = g[np.isfinite(pd.to_numeric(g[col], errors="coerce").to_numpy(float))]
+        yield key, g.sort_values("n_params", kind="stable")
+
+
+def loglog_slope(g: pd.DataFrame, col: str) -> float:
+    """The log-log slope of ``col`` against the parameter count over the rows of one line of sizes (NaN with fewer
+    than two sizes): 1 = in proportion to the parameters."""
+    if g["n_params"].nunique() < 2:
+        return float("nan")
+    return float(np.polyfit(np.log(g["n_params"].to_numpy(float)), np.log(g[col].to_numpy(float)), 1)[0])
+
+
+def line_label(key: dict) -> str:
+    """``kan 1x2`` for a line of sizes, with every other field of the line named (``kan 1x2, parallelism=fsdp``)."""
+    rest = {k: v for k, v in key.items() if k not in ("model", "placement")}
+    head = " ".join(str(key[k]) for k in ("model", "placement") if k in key)
+    return ", ".join(p for p in (head, groups.group_label(rest)) if p)
 
 
 def table(df: pd.DataFrame, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> Table:
@@ -163,18 +203,20 @@ def figure(table: Table, title: str = "Model-size scaling") -> go.Figure:
     return style.with_meta(fig, not_drawn=not_drawn)
 
 
-def fsdp_figure(table: pd.DataFrame, title: str = "FSDP against DDP per model size") -> go.Figure:
+def fsdp_figure(table: pd.DataFrame, title: str = "FSDP against DDP per model size", by=()) -> go.Figure:
     """Per model size (:func:`fsdp_table`): measured peak memory per process and step time
     under DDP (solid line, filled markers) and FSDP (dash-dot line, open markers), and the analytic
     per-process state (thin dotted lines: the whole model's under DDP, a 1/N shard under FSDP).
-    Colour: model; marker: placement."""
+    Colour: model; marker: placement; one line per model, placement and each field of ``by`` (the other fields
+    that name a line of sizes, :func:`fsdp_lines`), named in its hover name."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Peak memory per process (MiB)", "Step time (ms)"))
-    for key, g in groups.groupby(table, ["model", "placement"]):
+    for key, g in groups.groupby(table, list(dict.fromkeys(["model", "placement", *by]))):
         m, p = key["model"], key["placement"]
+        p = line_label(key).removeprefix(f"{m} ")
         g = g.sort_values("n_params")
         for par in ("ddp", "fsdp"):
             st = PARALLELISM_STYLE[par]
-            sym = style.placement_symbol(p) + ("-open" if st["open"] else "")
+            sym = style.placement_symbol(key["placement"]) + ("-open" if st["open"] else "")
             mode = "lines+markers" if len(g) > 1 else "markers"
             common = dict(mode=mode, legendgroup=str(m), showlegend=False, name=f"{m} {p} {par}",
                           line=dict(color=style.model_color(m), dash=st["dash"]),
@@ -214,9 +256,17 @@ def _fsdp_display(fs: pd.DataFrame) -> pd.DataFrame:
         "FSDP pays": fs["pays"].map({True: "yes", False: "no"})})
 
 
+def fsdp_lines(t: Table, fs: pd.DataFrame):
+    """``(key, rows)`` of :func:`fsdp_table` ``fs`` (of :func:`table` ``t``) per line of sizes: the model, the
+    placement and every other field but the parallelism (:func:`line_fields`); rows differing in any are never one
+    answer."""
+    yield from size_lines(t.with_data(fs), "mem_ratio", drop=("parallelism",))
+
+
 def _add_fsdp(a: StudyAnalysis, fs: pd.DataFrame, records: pd.DataFrame) -> None:
     kinds = sorted({str(v) for v in records.get("peak_mem_kind", pd.Series(dtype=str)).dropna()})
-    a.add_figure("fsdp", fsdp_figure(fs), (
+    by = line_fields(a.table.with_data(fs), drop=("parallelism",))
+    a.add_figure("fsdp", fsdp_figure(fs, by=by), (
         "Peak memory per process and step time of each size under DDP and FSDP (same placement), with the "
         "analytic state per process (whole model under DDP, a 1/N shard under FSDP). See where FSDP's measured "
         f"memory drops below DDP's and what its step costs. Peak memory here: {', '.join(kinds) or 'unknown'}"
@@ -224,8 +274,8 @@ def _add_fsdp(a: StudyAnalysis, fs: pd.DataFrame, records: pd.DataFrame) -> None
            "sizes)." if any("rss" in k for k in kinds) else ".")))
     a.add_table("fsdp", _fsdp_display(fs), f"DDP against FSDP per size (FSDP pays: its peak memory per process is "
                                            f"more than {FSDP_MARGIN:.0%} below DDP's)")
-    for m, g in fs.groupby("model"):
-        n = fsdp_pays_from(g, m)
+    for key, g in fsdp_lines(a.table, fs):
+        m, n = line_label(key), fsdp_pays_from(g, key["model"])
         a.lines.append(f"{m}: FSDP starts to pay from {n:,} parameters." if n else
                        f"{m}: the data show no size where FSDP pays (largest measured: "
                        f"{int(g['n_params'].max()):,} parameters, FSDP/DDP peak memory "
@@ -276,16 +326,14 @@ def finding(a: StudyAnalysis) -> list[dict]:
     if a.empty or a.table is None or a.table.empty:
         return []
     parts = []
-    for m, g in a.table.data.groupby("model"):
-        g = g.sort_values("n_params")
-        g = g[np.isfinite(g["params_per_byte"].to_numpy(float))]
+    for key, g in size_lines(a.table, "params_per_byte"):
         if g["n_params"].nunique() < 2:
             continue
-        slope = np.polyfit(np.log(g["n_params"].to_numpy(float)), np.log(g["params_per_byte"].to_numpy(float)), 1)[0]
+        slope = loglog_slope(g, "params_per_byte")
         trend = "rising" if slope > 0.05 else "falling" if slope < -0.05 else "flat"
-        parts.append(f"{m}: {g['params_per_byte'].iloc[0]:.3g} to {g['params_per_byte'].iloc[-1]:.3g} parameters "
-                     f"per byte from {int(g['n_params'].iloc[0]):,} to {int(g['n_params'].iloc[-1]):,} parameters "
-                     f"({trend}, log-log slope {slope:.2f})")
+        parts.append(f"{line_label(key)}: {g['params_per_byte'].iloc[0]:.3g} to {g['params_per_byte'].iloc[-1]:.3g} "
+                     f"parameters per byte from {int(g['n_params'].iloc[0]):,} to {int(g['n_params'].iloc[-1]):,} "
+                     f"parameters ({trend}, log-log slope {slope:.2f})")
     t = a.table.data
     on_cpu = a.records is not None and "device" in a.records and \
         not a.records["device"].astype(str).str.startswith("cuda").any()
@@ -297,12 +345,11 @@ def finding(a: StudyAnalysis) -> list[dict]:
     out = [{"study": SECTION, "topic": "Parameters per byte of peak memory against model size",
             "ours": "; ".join(parts) or "fewer than two sizes per model", "published": PUBLISHED}]
     tparts = []
-    for key, g in t.groupby([c for c in ("model", "placement") if c in t], sort=True):
-        g = g[np.isfinite(g["step_time_s"].to_numpy(float))].sort_values("n_params")
+    for key, g in size_lines(a.table, "step_time_s"):
         if g["n_params"].nunique() < 2:
             continue
-        slope = np.polyfit(np.log(g["n_params"].to_numpy(float)), np.log(g["step_time_s"].to_numpy(float)), 1)[0]
-        tparts.append(f"{' '.join(str(k) for k in (key if isinstance(key, tuple) else (key,)))}: "
+        slope = loglog_slope(g, "step_time_s")
+        tparts.append(f"{line_label(key)}: "
                       f"{g['step_time_s'].iloc[0] * 1e3:.3g} to {g['step_time_s'].iloc[-1] * 1e3:.3g} ms from "
                       f"{int(g['n_params'].iloc[0]):,} to {int(g['n_params'].iloc[-1]):,} parameters "
                       f"(log-log slope {slope:.2f}: {'at least' if slope >= 0.9 else 'less than'} in proportion)")
@@ -311,8 +358,8 @@ def finding(a: StudyAnalysis) -> list[dict]:
     fs = a.extra.get("fsdp")
     if fs is not None and not fs.empty:
         parts = []
-        for m, g in fs.groupby("model"):
-            n = fsdp_pays_from(g, m)
+        for key, g in fsdp_lines(a.table, fs):
+            m, n = line_label(key), fsdp_pays_from(g, key["model"])
             top = g.sort_values("n_params").iloc[-1]
             parts.append(f"{m}: FSDP pays from {n:,} parameters" if n else
                          f"{m}: no measured size where FSDP pays (at {int(top['n_params']):,} parameters its peak "
@@ -373,8 +420,10 @@ def memory_or_time_limit(size: pd.DataFrame, memory_budget_bytes: float, step_ti
             "seconds_per_param": float(t1)}
 
 
-def _limits(t: Table, goals: Goals, rows: list, text: list) -> None:
-    """Per group and model: the size beyond which memory rather than step time limits a process."""
+def _limits(t: Table, goals: Goals, rows: list, text: list, left_out: pd.DataFrame | None = None) -> None:
+    """Per group and model: the size beyond which memory rather than step time limits a process; unanswered where
+    fewer than two sizes are left because the runs of the others were disturbed (``left_out``,
+    :meth:`kanlib.analysis.context.Context.left_out`)."""
     question = "model size beyond which memory, not time, limits"
     for key, g in groups.groupby(t.data, t.group_fields(drop=("model", "widths", "grid_size"))):
         for model in sorted(set(g["model"])):
@@ -382,8 +431,16 @@ def _limits(t: Table, goals: Goals, rows: list, text: list) -> None:
             try:
                 lim = memory_or_time_limit(g, goals.memory_budget_bytes, goals.step_time_budget_s, model)
             except ValueError as e:
-                text.append(f"{label}: {e}.")
-                rows.append({"question": question, "group": label, "answer": f"not resolved: {e}", "value": np.nan,
+                left = groups.select_records(left_out, {**key, "model": model}) \
+                    if left_out is not None and len(left_out) else pd.DataFrame()
+                left = left[~left["n_params"].isin(set(g.loc[g["model"] == model, "n_params"]))] if len(left) else left
+                if len(left) and g.loc[g["model"] == model, "n_params"].nunique() < 2:
+                    answer = unanswered(f"every run of {left['n_params'].nunique()} size(s) was disturbed", left)
+                    text.append(f"{label}: no limit can be given: {answer.split(': ', 2)[2]} ({disturbed_why(left)}).")
+                else:
+                    answer = f"not resolved: {e}"
+                    text.append(f"{label}: {e}.")
+                rows.append({"question": question, "group": label, "answer": answer, "value": np.nan,
                              "basis": NAME})
                 continue
             other = "time" if lim["limit"] == "memory" else "memory"
@@ -399,12 +456,14 @@ def _limits(t: Table, goals: Goals, rows: list, text: list) -> None:
 
 
 def _fsdp_answers(t: Table, records: pd.DataFrame, rows: list, text: list) -> None:
-    """Per model: the size from which FSDP lowers the peak memory per process (and at every larger size)."""
+    """Per line of sizes (model, placement and every other field but the parallelism, :func:`fsdp_lines`): the size
+    from which FSDP lowers the peak memory per process (and at every larger size)."""
     table = fsdp_table(t)
     if table.empty:
         return
     kind = groups.unique_text(records, "peak_mem_kind")
-    for model, g in table.groupby("model", sort=True):
+    for key, g in fsdp_lines(t, table):
+        model, p = key["model"], key["placement"]
         n = fsdp_pays_from(g, model)
         top = g.sort_values("n_params").iloc[-1]
         if n is None:
@@ -414,13 +473,14 @@ def _fsdp_answers(t: Table, records: pd.DataFrame, rows: list, text: list) -> No
                    f"(analytic state: {fmt.nbytes(top['state_ddp_bytes'])} under DDP, "
                    f"{fmt.nbytes(top['state_fsdp_bytes'])} per process under FSDP)."
                    if "rss" in kind else "")
-            text.append(f"{model}, {top['placement']}: the data show no size where FSDP pays: {answer}.{why}")
+            text.append(f"{line_label(key)}: the data show no size where FSDP pays: {answer}.{why}")
         else:
             r = g[g["n_params"] == n].iloc[0]
             answer = (f"from {n:,} parameters: peak memory per process {r['mem_ratio']:.2f}x DDP's, step "
                       f"{r['step_ratio']:.2f}x")
-            text.append(f"{model}, {r['placement']}: FSDP starts to pay {answer} (and at every larger size measured).")
-        rows.append({"question": "model size from which FSDP lowers peak memory per process", "group": model,
+            text.append(f"{line_label(key)}: FSDP starts to pay {answer} (and at every larger size measured).")
+        rows.append({"question": f"{p}: model size from which FSDP lowers peak memory per process",
+                     "group": groups.model_label({k: v for k, v in key.items() if k != "placement"}),
                      "answer": answer, "value": float(n) if n else np.nan, "basis": NAME})
 
 
@@ -429,6 +489,6 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
     from which FSDP lowers the peak memory per process (per model)."""
     t = table_of(ctx)
     rows, text = [], []
-    _limits(t, goals, rows, text)
+    _limits(t, goals, rows, text, ctx.left_out(RECORDS))
     _fsdp_answers(t, ctx.runs(RECORDS).data, rows, text)
     return rows, text

@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kanlib.analysis import fmt, groups, stats, style
-from kanlib.analysis.context import Context, Goals
+from kanlib.analysis.context import Context, Goals, disturbed_why, unanswered
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
 from kanlib.analysis.table import Table
@@ -396,10 +396,20 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
     for key, g in groups.groupby(t.data, t.group_fields()):
         label = groups.model_label(key)
         if g[g["world_size"] > 1].empty:
-            text.append(f"{label}: strong scaling has no multi-process placement measured, so no placement can be "
-                        f"recommended (measured: {', '.join(g['placement'])}).")
+            # measured but disturbed is not "not measured": the answer says how many runs were left out, and counts
+            # as unanswered (kanlib.guidelines.compare)
+            left = groups.select_records(ctx.left_out(NAME), key)
+            left = left[left["world_size"] > 1] if len(left) else left
+            if len(left):
+                answer = unanswered("every multi-process run was disturbed", left)
+                text.append(f"{label}: no placement can be recommended: {answer.split(': ', 2)[2]}, every "
+                            f"multi-process run measured ({disturbed_why(left)}).")
+            else:
+                answer = "not measured: no multi-process placement"
+                text.append(f"{label}: strong scaling has no multi-process placement measured, so no placement can "
+                            f"be recommended (measured: {', '.join(g['placement'])}).")
             rows.append({"question": f"placement with efficiency >= {target:g}", "group": label,
-                         "answer": "not measured: no multi-process placement", "value": np.nan, "basis": NAME})
+                         "answer": answer, "value": np.nan, "basis": NAME})
             continue
         rows.append(_placement_answer(g, label, target, text))
     _least_work(t, target, rows, text)

@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from kanlib.analysis import fmt, groups, stats, style
-from kanlib.analysis.context import Context, Goals
+from kanlib.analysis.context import Context, Goals, disturbed_why, unanswered
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
 from kanlib.analysis.table import Table
@@ -251,4 +251,13 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
             rows.append({"question": f"{p}: smallest per-process batch with weak efficiency >= {target:g}",
                          "group": label, "answer": answer, "value": e, "basis": NAME,
                          "near": stats.near_note(near, target)})
+        # a multi-process placement whose every run was disturbed and left out: unanswered, not silently absent
+        left = groups.select_records(ctx.left_out(RECORDS), key)
+        left = left[(left["world_size"] > 1) & ~left["placement"].isin(set(g["placement"]))] if len(left) else left
+        for p, lp in left.groupby("placement", sort=False) if len(left) else ():
+            answer = unanswered(f"every run at {p} was disturbed", lp)
+            text.append(f"{label}, {p}: no per-process batch can be recommended: {answer.split(': ', 2)[2]}, every "
+                        f"run measured there ({disturbed_why(lp)}).")
+            rows.append({"question": f"{p}: smallest per-process batch with weak efficiency >= {target:g}",
+                         "group": label, "answer": answer, "value": np.nan, "basis": NAME})
     return rows, text
