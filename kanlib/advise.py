@@ -94,7 +94,8 @@ def _choose(df: pd.DataFrame, widths, global_batch) -> tuple[dict, int, pd.DataF
     if global_batch is not None and (pts["global_batch"] == int(global_batch)).any():
         pts = pts[pts["global_batch"] == int(global_batch)]
     score = {}
-    for (key, g) in groups.groupby(pts, ["model", "widths", "grid_size", "spline_order", "global_batch"]):
+    keys = [k for k in advisor.CONFIG_KEYS + advisor.KERNEL_KEYS + ("global_batch",) if k in pts]
+    for (key, g) in groups.groupby(pts, keys):
         score[tuple(key.items())] = (g["placement"].nunique(), float(g["work_per_process"].max()))
     best = dict(max(score, key=score.get))
     cfg = advisor.config_of(best)

@@ -33,12 +33,15 @@ def known_step(nnodes: int, ppn: int, cap: float = 25.0, host: float = HOST) -> 
 
 
 def write_known_study(root, bad_point: tuple | None = None, bench: bool = True) -> str:
-    """Single-process runs at two batches, the collective benchmark at 1x2 and 2x1, and DDP steps at 1x2, 2x1 and
+    """Single-process runs at two batches (and a slower kernel's at one), the collective benchmark at 1x2 and 2x1, and DDP steps at 1x2, 2x1 and
     2x2, all from the known model (``bad_point``: a placement whose measured step is 1.6x the model's)."""
     common = dict(widths=list(CFG["widths"]), grid_size=5, spline_order=3, n_params=N_PARAMS, backend="gloo",
                   device="cpu", peak_mem_bytes=2_000_000)
     recs = [rec(world_size=1, global_batch=b, step_time_s=float(TRUE.step_s(N_PARAMS, b)), repeat=r, **common)
             for b in (BATCH, BATCH // 8) for r in range(2)]
+    # another kernel's single-process runs, 3x slower: never this configuration's compute
+    recs += [rec(world_size=1, global_batch=BATCH, step_time_s=3 * float(TRUE.step_s(N_PARAMS, BATCH)), repeat=r,
+                 **{**common, "kan_impl": "reference"}) for r in range(2)]
     for nn, pp in PLACEMENTS:
         t = known_step(nn, pp) * (1.6 if (nn, pp) == bad_point else 1.0)
         recs += [rec(world_size=nn * pp, nnodes=nn, nproc_per_node=pp, global_batch=BATCH, step_time_s=t, repeat=r,
@@ -55,7 +58,7 @@ def test_the_advisor_recovers_the_known_model_and_its_answer(tmp_path):
     adv = advise.advise(root, target=0.8)
     assert adv.ok and adv.check.ok and adv.check.n_points == 3
     assert adv.check.max_abs_err < 1e-3  # each point predicted without its own step, by the model that made it
-    assert adv.config == CFG and adv.global_batch == BATCH
+    assert adv.config == {**CFG, "kan_impl": "fast"} and adv.global_batch == BATCH
     assert adv.loo["own_host_factor"].to_numpy(float) == pytest.approx([HOST] * 3, rel=1e-3)
     # the known answer: the known model on nodes of 2 processes (the benchmark's 1x2), 25 MiB buckets
     truth = cm.predict_scaling(links(), TRUE, cm.kan_param_bytes(CFG["widths"]), cm.powers_of_two(1024), 2,
@@ -79,7 +82,9 @@ def test_the_quantities_that_carry(tmp_path):
     from kanlib.analysis.context import Context
 
     ctx = Context(root)
-    q = advisor.carried_quantities(ctx.runs().data, ctx.link_fit().fits).set_index(["placement", "global_batch"])
+    q = advisor.carried_quantities(ctx.runs().data, ctx.link_fit().fits)
+    assert set(q["kan_impl"]) == {"fast", "reference"}
+    q = q[q["kan_impl"] == "fast"].set_index(["placement", "global_batch"])
     r = q.loc[("2x1", BATCH)]
     assert r["samples_per_s_per_process"] == pytest.approx(BATCH / known_step(2, 1) / 2)
     assert r["grad_bytes_per_step"] == 4 * N_PARAMS and r["link"] == "inter"

@@ -44,7 +44,9 @@ DDP_HOOKS = ("default", "timed")
 """Runs whose step is a plain DDP step with the real all-reduce (the timed hook only times it)."""
 CONFIG_KEYS = ("model", "widths", "grid_size", "spline_order")
 """What fixes the parameters all-reduced: a configuration."""
-POINT_KEYS = CONFIG_KEYS + ("global_batch", "bucket_cap_mb", "nnodes", "nproc_per_node", "backend", "device",
+KERNEL_KEYS = ("kan_impl", "precision")
+"""What else sets a configuration's compute (its single-process runs must match them where recorded)."""
+POINT_KEYS = CONFIG_KEYS + KERNEL_KEYS + ("global_batch", "bucket_cap_mb", "nnodes", "nproc_per_node", "backend", "device",
                             "nccl_algo")
 """What makes one DDP point (its repeats pooled)."""
 
@@ -64,9 +66,11 @@ def _plain_ddp(df: pd.DataFrame) -> pd.Series:
 
 
 def config_of(row) -> dict:
-    """The configuration (:data:`CONFIG_KEYS`) of a record or point, widths as a tuple."""
-    return {"model": row.get("model", "kan"), "widths": tuple(int(w) for w in row["widths"]),
-            "grid_size": int(row.get("grid_size", 5)), "spline_order": int(row.get("spline_order", 3))}
+    """The configuration (:data:`CONFIG_KEYS`, and :data:`KERNEL_KEYS` where recorded) of a record or point, widths
+    as a tuple."""
+    out = {"model": row.get("model", "kan"), "widths": tuple(int(w) for w in row["widths"]),
+           "grid_size": int(row.get("grid_size", 5)), "spline_order": int(row.get("spline_order", 3))}
+    return {**out, **{k: row[k] for k in KERNEL_KEYS if isinstance(row.get(k), str)}}
 
 
 def param_bytes(config: dict) -> list[int]:
@@ -275,7 +279,7 @@ def carried_quantities(df: pd.DataFrame, fits: dict | None) -> pd.DataFrame:
     ``peak_mem_bytes_per_process`` (the record's peak is the maximum over ranks of each process's)."""
     pts = ddp_points(df)
     ones = df[(df["world_size"] == 1) & _plain_ddp(df) & np.isfinite(groups.numbers(df, "step_time_s"))]
-    for key, g in groups.groupby(ones, [k for k in CONFIG_KEYS + ("global_batch",) if k in ones]):
+    for key, g in groups.groupby(ones, [k for k in CONFIG_KEYS + KERNEL_KEYS + ("global_batch",) if k in ones]):
         row = {**key, "widths": tuple(key["widths"]), "world_size": 1, "placement": "1x1", "nnodes": 1,
                "nproc_per_node": 1, "n_params": int(g["n_params"].iloc[0]), "n_runs": len(g),
                "step_time_s": float(np.median(groups.numbers(g, "step_time_s"))),
@@ -286,7 +290,8 @@ def carried_quantities(df: pd.DataFrame, fits: dict | None) -> pd.DataFrame:
     rows = []
     for _, pt in pts.iterrows():
         cfg, w, b = config_of(pt), int(pt["world_size"]), float(pt["global_batch"])
-        out = {"model": cfg["model"], "widths": list(cfg["widths"]), "n_params": int(pt["n_params"]),
+        out = {"model": cfg["model"], "widths": list(cfg["widths"]), **{k: cfg.get(k) for k in KERNEL_KEYS},
+               "n_params": int(pt["n_params"]),
                "global_batch": int(b), "batch_per_process": b / w, "bucket_cap_mb": pt["bucket_cap_mb"],
                "placement": pt["placement"], "world_size": w, "n_runs": int(pt["n_runs"]),
                "work_per_process": float(pt["n_params"]) * b / w, "step_time_s": float(pt["step_time_s"]),
