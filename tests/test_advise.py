@@ -33,8 +33,9 @@ def known_step(nnodes: int, ppn: int, cap: float = 25.0, host: float = HOST) -> 
 
 
 def write_known_study(root, bad_point: tuple | None = None, bench: bool = True) -> str:
-    """Single-process runs at two batches (and a slower kernel's at one), the collective benchmark at 1x2 and 2x1, and DDP steps at 1x2, 2x1 and
-    2x2, all from the known model (``bad_point``: a placement whose measured step is 1.6x the model's)."""
+    """Single-process runs at two batches (and a slower kernel's at one), the collective benchmark at 1x2 and 2x1,
+    and DDP steps at 1x2, 2x1 and 2x2, all from the known model (``bad_point``: a placement whose measured step is
+    1.6x the model's)."""
     common = dict(widths=list(CFG["widths"]), grid_size=5, spline_order=3, n_params=N_PARAMS, backend="gloo",
                   device="cpu", peak_mem_bytes=2_000_000)
     recs = [rec(world_size=1, global_batch=b, step_time_s=float(TRUE.step_s(N_PARAMS, b)), repeat=r, **common)

@@ -46,8 +46,8 @@ CONFIG_KEYS = ("model", "widths", "grid_size", "spline_order")
 """What fixes the parameters all-reduced: a configuration."""
 KERNEL_KEYS = ("kan_impl", "precision")
 """What else sets a configuration's compute (its single-process runs must match them where recorded)."""
-POINT_KEYS = CONFIG_KEYS + KERNEL_KEYS + ("global_batch", "bucket_cap_mb", "nnodes", "nproc_per_node", "backend", "device",
-                            "nccl_algo")
+POINT_KEYS = CONFIG_KEYS + KERNEL_KEYS + ("global_batch", "bucket_cap_mb", "nnodes", "nproc_per_node", "backend",
+                                         "device", "nccl_algo")
 """What makes one DDP point (its repeats pooled)."""
 
 
