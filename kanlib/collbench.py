@@ -268,9 +268,9 @@ def _bench(cfg: BenchConfig, group, run_dir: str, debug_path, nccl: bool, starte
     n = info.world_size
     cycles_per_s = None
     if cfg.emulated_link and info.device.type == "cuda":
-        from kanlib.hooks import _spin_cycles_per_s
+        from kanlib.hooks import spin_cycles_per_s
 
-        cycles_per_s = _spin_cycles_per_s(info.device)
+        cycles_per_s = spin_cycles_per_s(info.device)
     sizes = cfg.sizes()
     local: dict[int, list[float]] = {size: [] for size in sizes}  # this rank's seconds per timed all-reduce
     algo: dict[int, tuple] = {}

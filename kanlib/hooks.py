@@ -185,7 +185,7 @@ class CommStats:
             if device.type == "cuda":
                 self._link_stream = torch.cuda.Stream(device)
                 self._comm_stream = torch.cuda.Stream(device)
-                self._cycles_per_s = _spin_cycles_per_s(device)
+                self._cycles_per_s = spin_cycles_per_s(device)
             else:
                 self._link_thread = _LinkThread()
 
@@ -235,7 +235,7 @@ def union_length(spans) -> float:
     return total
 
 
-def _spin_cycles_per_s(device: torch.device) -> float:
+def spin_cycles_per_s(device: torch.device) -> float:
     """GPU clock cycles per second of ``torch.cuda._sleep`` on ``device``, measured with CUDA events
     (the second of two runs: the first may include a lazy module load)."""
     cycles = 10_000_000

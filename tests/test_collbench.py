@@ -223,3 +223,32 @@ def test_load_bench_skips_bad_records_and_other_kinds(tmp_path):
     df = recs.bench()
     assert list(df["run_key"]) == ["a"] and df["env.NCCL_DEBUG"].tolist() == ["INFO"]
     assert [p for p, _ in recs.bench_bad] == [str(broken / "record.json")]
+
+
+def foreign_underscore_names(path: str) -> list[str]:
+    """``module._name`` a source file takes from another kanlib module: imported (``from kanlib.x import _name``) or
+    reached as an attribute of an imported kanlib module (``x._name``); dunders do not count."""
+    import ast
+
+    tree = ast.parse(open(path).read())
+    modules, out = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kanlib"):
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    out.append(f"{node.module}.{a.name}")
+                modules.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            modules.update((a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("kanlib"))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            out.append(f"{node.value.id}.{node.attr}")
+    return out
+
+
+def test_collbench_takes_nothing_private_from_another_module():
+    """The spin rate of the GPU clock comes through hooks' public name (it was ``hooks._spin_cycles_per_s``)."""
+    assert foreign_underscore_names(collbench.__file__) == []
+    from kanlib import hooks
+    assert callable(hooks.spin_cycles_per_s)

@@ -538,3 +538,22 @@ def test_the_per_rank_variability_that_reproduces_the_published_efficiency():
     assert row["efficiency"] == pytest.approx(0.747, abs=1e-6) and row["overhead_fraction"] <= 0.061
     no_spread = cm.predict_scaling(p.link_model("ring"), prof, pb, [1, 8], 2, 65536).set_index("world_size").loc[8]
     assert no_spread["efficiency"] > 0.9 and no_spread["overhead_fraction"] == pytest.approx(0.061, abs=1e-4)
+
+
+# -- the package's shape ---------------------------------------------------------------------------------
+def test_the_model_is_split_by_reason_to_change_and_shares_only_public_names():
+    """Links, DDP buckets, the straggler model and extrapolation are one module each, none over 700 lines, none
+    reaching another's underscore names; the package names every public one (what the studies use)."""
+    from test_collbench import foreign_underscore_names
+
+    folder = os.path.dirname(cm.__file__)
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".py"))
+    assert files == ["__init__.py", "ddp.py", "extrapolate.py", "links.py", "parity.py"]
+    for f in files:
+        path = os.path.join(folder, f)
+        assert sum(1 for _ in open(path)) <= 700, f
+        assert foreign_underscore_names(path) == [], f
+    from kanlib.analysis.commmodel import ddp, extrapolate, links, parity
+    assert cm.fit_collbench is links.fit_collbench and cm.overlap is ddp.overlap
+    assert cm.ddp_parity is parity.ddp_parity and cm.predict_scaling is extrapolate.predict_scaling
+    assert all(not n.startswith("_") and hasattr(cm, n) for n in cm.__all__)
