@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from kanlib import records, studies
-from kanlib.analysis import fmt, groups, load, stats
+from kanlib.analysis import claims, fmt, groups, load, stats
 from kanlib.analysis.context import PARAMS, Context
 from kanlib.analysis.section import StudyAnalysis
 from kanlib.studies import extrapolation as _extrapolation
@@ -170,22 +170,23 @@ def findings(analyses: dict[str, StudyAnalysis]) -> list[dict]:
 
 def own_findings(found: list[dict]) -> list[dict]:
     """The project's own findings: those of modules that answer no published claim, and FSDP."""
-    return [f for f in found if f.get("module") not in PUBLISHED_MODULES or f["topic"].startswith("FSDP")]
+    return [f for f in found if f.get("module") not in published_modules() or f["topic"].startswith("FSDP")]
 
 
 # -- the front page: verdicts, the project's own findings, the machine, stability -----------------------------
-VERDICTS = ("confirmed", "contradicted", "not comparable here", "untested")
-CLAIMS = (
-    ("Strong scaling", "strong_scaling", "speedup 5.97x, efficiency 74.7% at 8 GPUs over 4 nodes (4x2)"),
-    ("Weak scaling", "weak_scaling", "a drop in efficiency from 1 to several GPUs, then stable"),
-    ("Communication overhead", "communication", "1.3%-6.1% of the step"),
-    ("Attribution of the overhead", "communication", "to the all-reduce algorithm and inter-node latency "
-                                                     "(not measured)"),
-    ("Model-size scaling", "model_size", "parameters per byte rise with model size; time scales unfavourably"),
-    ("Deployment guidelines", "", "guidelines for deploying KAN training with DDP"),
-)
-"""The published study's claims, each given one verdict on the front page (:func:`verdicts`)."""
-PAPER_GPUS, PAPER_NODES = 8, 4
+VERDICTS = claims.VERDICTS
+
+
+def published_claims() -> list:
+    """The published study's claims, in run order: every study module's ``CLAIMS``
+    (:class:`kanlib.analysis.claims.Claim`), each given one verdict on the front page (:func:`verdicts`)."""
+    return [c for m in studies.STUDIES for c in getattr(m, "CLAIMS", ())]
+
+
+def published_modules() -> set[str]:
+    """Study modules whose findings answer a published claim (the verdict table); the others' are the project's
+    own."""
+    return {m.NAME for m in studies.STUDIES if any(c.study for c in getattr(m, "CLAIMS", ()))}
 
 
 def machine(all_a: dict[str, StudyAnalysis], out_dir: str = "", disturbed: list | None = None,
@@ -275,142 +276,28 @@ def _disturbed(ctx: Context | None) -> list:
         return [{**d, "kept": ctx.disturbed == "keep"} for d in flagged]
 
 
-def _not_here(m: dict) -> str:
-    """Why a claim measured on the paper's GPU cluster is not comparable with this machine ('' when it is)."""
-    why = []
-    if not m["on_gpu"]:
-        why.append("CPU, not GPUs")
-    if m["max_n"] < PAPER_GPUS:
-        why.append(f"N <= {m['max_n']} (paper: {PAPER_GPUS})")
-    if not m["real_nodes"]:
-        why.append("'nodes' share one host (loopback)")
-    return "; ".join(why)
-
-
-def _ci(row, col: str, f) -> str:
-    """A table row's value with its interval, or its runs when too few for one."""
-    return fmt.row_ci(row, col, f)
-
-
 def verdicts(all_a: dict[str, StudyAnalysis], guidelines=None, out_dir: str = "", ctx: Context | None = None
              ) -> list[dict]:
-    """One verdict per published claim (:data:`CLAIMS`): ``{"claim", "published", "verdict", "number", "why",
+    """One verdict per published claim (:func:`published_claims`): ``{"claim", "published", "verdict", "number", "why",
     "study"}``, the verdict one of :data:`VERDICTS`: untested without records; not comparable here when this
     machine differs from the paper's in what the claim depends on (GPUs, 8 processes, real nodes); else confirmed
     or contradicted by the one number given."""
     dist = _disturbed(ctx)
     m = machine(all_a, out_dir, dist, ctx)
-    other = _not_here(m)
+    other = claims.not_here(m)
     out = []
-    for claim, study, published in CLAIMS:
-        a = all_a.get(study) if study else None
-        v = {"claim": claim, "published": published, "study": study or "guidelines"}
-        if study and (a is None or a.empty or a.table is None or a.table.empty):
-            gone = [d for d in dist if d["study"] == study and not d["kept"]]
-            why = (f"every {study} run was disturbed ({len(gone)} left out; disturbed='keep' shows them apart)"
-                   if gone else f"no {study} records here")
+    for c in published_claims():
+        a = all_a.get(c.study) if c.study else None
+        v = {"claim": c.title, "published": c.published, "study": c.study or "guidelines"}
+        if c.study and (a is None or a.empty or a.table is None or a.table.empty):
+            gone = [d for d in dist if d["study"] == c.study and not d["kept"]]
+            why = (f"every {c.study} run was disturbed ({len(gone)} left out; disturbed='keep' shows them apart)"
+                   if gone else f"no {c.study} records here")
             out.append({**v, "verdict": "untested", "number": "no undisturbed records" if gone else "no records",
                         "why": why})
             continue
-        out.append({**v, **_judge(claim, a, m, other, guidelines, ctx)})
+        out.append({**v, **c.judge(a, m, other, guidelines, ctx)})
     return out
-
-
-def _judge(claim: str, a, m: dict, other: str, guidelines, ctx) -> dict:
-    nc = "not comparable here"
-    if claim == "Strong scaling":
-        t = a.table.data
-        top = t[t["world_size"] == t["world_size"].max()].sort_values("work_per_process_s").iloc[-1]
-        num = f"{top['placement']}: efficiency {_ci(top, 'efficiency', fmt.pct)}"
-        if other:
-            return {"verdict": nc, "number": num, "why": other}
-        ok = abs(float(top["efficiency"]) - 0.747) <= 0.10
-        return {"verdict": "confirmed" if ok else "contradicted", "number": num,
-                "why": "within 10 points of 74.7%" if ok else "more than 10 points from 74.7%"}
-    if claim == "Weak scaling":
-        t = a.table.data
-        top = t[t["world_size"] == t["world_size"].max()].sort_values("weak_efficiency").iloc[-1]
-        num = f"N={int(top['world_size'])} ({top['placement']}): E_w {_ci(top, 'weak_efficiency', fmt.pct)}"
-        if t["world_size"].nunique() < 3:
-            return {"verdict": nc if other else "untested", "number": num,
-                    "why": "'then stable' needs three or more world sizes; " + (other or f"measured "
-                                                                                f"{t['world_size'].nunique()}")}
-        if other:
-            return {"verdict": nc, "number": num, "why": other}
-        multi = t.dropna(subset=["weak_efficiency_multi"])
-        stable = len(multi) and multi["weak_efficiency_multi"].min() >= 0.9
-        return {"verdict": "confirmed" if stable else "contradicted", "number": num,
-                "why": "stable beyond the first multi-process point" if stable else "keeps falling"}
-    if claim == "Communication overhead":
-        t = a.table.data
-        t = t[np.isfinite(t["overhead_fraction"].to_numpy(float))]
-        if "comm_hook" in t:
-            t = t[t["comm_hook"] == "timed"]
-        if t.empty:
-            return {"verdict": "untested", "number": "no timed DDP point with its no-op twin", "why": ""}
-        lo, hi = t["overhead_fraction"].min(), t["overhead_fraction"].max()
-        num = (f"{lo:.1%}-{hi:.1%}" if f"{lo:.1%}" != f"{hi:.1%}" else f"{lo:.1%}") + " of the step" \
-            + (f" ({len(t)} points)" if len(t) > 1 else "")
-        if other:
-            return {"verdict": nc, "number": num, "why": other}
-        ok = t["overhead_fraction"].max() <= 0.061 * 1.5
-        return {"verdict": "confirmed" if ok else "contradicted", "number": num, "why": "against 1.3%-6.1%"}
-    if claim == "Attribution of the overhead":
-        tw = a.extra.get("transfer_waiting")
-        if tw is None or not len(tw):
-            return {"verdict": "untested", "number": "no collective benchmark",
-                    "why": "transfer and waiting are told apart only with the collective benchmark"}
-        num = "waiting share of the hook time " + ", ".join(f"{r['placement']} {r['waiting_fraction']:.0%}"
-                                                            for _, r in tw.iterrows())
-        waiting = float(tw["waiting_fraction"].median()) > 0.5
-        if other:
-            return {"verdict": nc, "number": num, "why": other + ("; here the hook mostly waits for the other rank "
-                                                                  "(load), not the network" if waiting else "")}
-        return {"verdict": "contradicted" if waiting else "confirmed", "number": num,
-                "why": "most of the hook time is waiting for a late rank, not transfer" if waiting else
-                       "most of the hook time is transfer"}
-    if claim == "Model-size scaling":
-        slope = time_slope(a.table)
-        num = f"step time log-log slope {slope:.2f} against parameters" if np.isfinite(slope) else "one size only"
-        why = []
-        if not m["on_gpu"]:
-            mem = a.table.data["peak_mem_bytes"]
-            why.append(f"on CPU peak memory is the process's resident set ({fmt.mib(mem.min())}-"
-                       f"{fmt.mib(mem.max())} MiB), so parameters per byte is an artefact")
-        if other:
-            return {"verdict": nc, "number": num, "why": "; ".join(why + [other])}
-        if not np.isfinite(slope):
-            return {"verdict": "untested", "number": num, "why": "needs two model sizes"}
-        return {"verdict": "confirmed" if slope >= 0.9 else "contradicted", "number": num,
-                "why": "step time grows at least in proportion to the parameters" if slope >= 0.9 else
-                       "step time grows slower than the parameters"}
-    # the deployment guidelines
-    if guidelines is None or guidelines.table.empty:
-        return {"verdict": "untested", "number": "no guidelines computed", "why": ""}
-    t = guidelines.table
-    n_unstable = int((t["rests_on"].fillna("") != "").sum())
-    n_unranked = int((~t["ranked"].astype(bool)).sum())
-    num = (f"{len(t)} decisions: {n_unstable} rest on unstable points or near the target, {n_unranked} on fewer than "
-           f"{stats.MIN_RUNS} runs")
-    mc = ctx.model_check() if ctx is not None else None
-    why = [other] if other else []
-    if mc is not None and not mc.usable:
-        why.append(f"the link model {mc.status} its own check, so it predicts nothing here")
-    return {"verdict": nc if other or n_unranked == len(t) else "confirmed", "number": num, "why": "; ".join(why)}
-
-
-def time_slope(t) -> float:
-    """Log-log slope of the median step time against the parameter count over a model-size table's sizes (one line
-    of sizes at a time, kanlib.studies.model_size.size_lines: nothing but the size differs along it; the median of
-    the slopes): 1 = time in proportion to the parameters; NaN with fewer than two sizes."""
-    size = studies.model_size
-    slopes = [size.loglog_slope(g, "step_time_s") for _, g in size.size_lines(t, "step_time_s")]
-    slopes = [v for v in slopes if np.isfinite(v)]
-    return float(np.median(slopes)) if slopes else float("nan")
-
-
-PUBLISHED_MODULES = {"strong_scaling", "weak_scaling", "communication", "model_size"}
-"""Study modules whose findings answer a published claim (the verdict table); the others' are the project's own."""
 
 
 def _verdict_html(vs: list[dict]) -> str:

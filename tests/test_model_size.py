@@ -102,7 +102,7 @@ def test_model_size_findings_never_draw_one_line_through_ddp_and_fsdp(tmp_path):
     assert "kan 1x2, parallelism=ddp: 3.57 to 4 ms from 880 to 5,000 parameters" in time["ours"]
     assert "kan 1x2, parallelism=fsdp: 20 to 23.6 ms from 10,000 to 42,880 parameters" in time["ours"]
     slopes = [np.log(4.0 / 3.57) / np.log(5_000 / 880), np.log(23.6 / 20) / np.log(42_880 / 10_000)]
-    assert report.time_slope(a.table) == pytest.approx(np.median(slopes), rel=1e-3)
+    assert model_size.time_slope(a.table) == pytest.approx(np.median(slopes), rel=1e-3)
     # FSDP against DDP at two global batches: one answer per line of sizes, never pooled across batches
     two = fsdp_records() + [dict(r, global_batch=128) for r in fsdp_records(fsdp_bytes_per_param=16.0)]
     write_records(tmp_path / "two", two)

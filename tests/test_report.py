@@ -274,7 +274,7 @@ def test_front_page_gives_a_verdict_per_published_claim_and_describes_the_machin
     g = guidelines.from_out_dir(str(full_study_dir))
     all_a = report.analyses(str(full_study_dir), ctx=g.context)
     vs = report.verdicts(all_a, g, str(full_study_dir), g.context)
-    assert [v["claim"] for v in vs] == [c for c, _, _ in report.CLAIMS]
+    assert [v["claim"] for v in vs] == [c.title for c in report.published_claims()]
     assert all(v["verdict"] in report.VERDICTS for v in vs)
     by = {v["claim"]: v for v in vs}
     # CPU processes, N <= 4, 2x1 is two launches on one host: the 8-GPU claim is not comparable here
@@ -311,3 +311,35 @@ def test_readme_carries_the_generated_results_markers():
     text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
     assert text.count(report.README_START) == 1 and text.count(report.README_END) == 1
     assert text.index(report.README_START) < text.index(report.README_END)
+
+
+def test_a_study_modules_claim_reaches_the_front_page_through_the_registry(full_study_dir, monkeypatch):
+    # a claim is declared once, in its study module (its text, the paper's numbers, its judge): the report is a loop
+    from kanlib.analysis import claims
+    from kanlib.studies import weak_scaling
+
+    seen = []
+
+    def judge(a, machine, other, guidelines=None, ctx=None):
+        seen.append((a.study, other))
+        return {"verdict": "confirmed", "number": "42 steps", "why": "a test claim"}
+
+    extra = claims.Claim("A test claim", "the paper's test number", judge, "weak_scaling")
+    monkeypatch.setattr(weak_scaling, "CLAIMS", weak_scaling.CLAIMS + (extra,))
+    g = guidelines.from_out_dir(str(full_study_dir))
+    vs = report.verdicts(report.analyses(str(full_study_dir), ctx=g.context), g, str(full_study_dir), g.context)
+    titles = [v["claim"] for v in vs]
+    assert titles.index("A test claim") == titles.index("Weak scaling") + 1  # in run order
+    by = {v["claim"]: v for v in vs}
+    assert by["A test claim"] == {"claim": "A test claim", "published": "the paper's test number",
+                                  "study": "weak_scaling", "verdict": "confirmed", "number": "42 steps",
+                                  "why": "a test claim"}
+    assert seen == [("weak_scaling", claims.not_here(report.machine(report.analyses(
+        str(full_study_dir), ctx=g.context), str(full_study_dir), report._disturbed(g.context), g.context)))]
+    # the paper's numbers stand once (presets.PUBLISHED): the claim texts are made from them
+    from kanlib.analysis import presets
+    from kanlib.studies import communication, strong_scaling
+
+    assert f"{presets.PUBLISHED['speedup']}x" in strong_scaling.PUBLISHED and "74.7%" in strong_scaling.PUBLISHED
+    assert communication.PUBLISHED_RANGE == "1.3%-6.1%"
+    assert "weak_scaling" in report.published_modules() and "published" not in report.published_modules()

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from kanlib.analysis import commmodel, fmt, groups, stats, style
+from kanlib.analysis import claims, commmodel, fmt, groups, stats, style
 from kanlib.analysis.context import Context, Goals, disturbed_why, unanswered
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
@@ -22,7 +22,12 @@ from kanlib.analysis.table import Table
 
 NAME = SECTION = RECORDS = "communication"
 TITLE = "Communication: overhead, the calibrated link model, data-parallel options"
-PUBLISHED = "communication overhead 1.3%-6.1% of the step"
+PAPER = claims.PUBLISHED
+PUBLISHED_RANGE = f"{PAPER['overhead_fraction_min']:.1%}-{PAPER['overhead_fraction_max']:.1%}"
+PUBLISHED = f"communication overhead {PUBLISHED_RANGE} of the step"
+CONFIRM_UP_TO = 1.5
+"""The measured overhead confirms the published range while its largest point is at most this many times the
+paper's largest."""
 AXES = ("comm_hook", "emulate_latency_s", "emulate_bandwidth_bytes_per_s", "nnodes", "nproc_per_node",
         "bucket_cap_mb", "nccl_algo")
 """What varies within a group: the no-op run is each point's reference; emulation applies to the hooked runs."""
@@ -564,3 +569,43 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
             sel = plain_rows(sel[sel["comm_hook"].isin(["timed", "noop"])], skip=("comm_hook",))
             _prediction_answer(sel, key, p, label, fit.fits, goals.target_efficiency, rows, text, check.exposed_band)
     return rows, text
+
+
+def judge_overhead(a: StudyAnalysis, machine: dict, other: str, guidelines=None, ctx=None) -> dict:
+    """The verdict on the published overhead range: every timed DDP point with its no-op twin, its largest at most
+    :data:`CONFIRM_UP_TO` times the paper's largest."""
+    t = a.table.data
+    t = t[np.isfinite(t["overhead_fraction"].to_numpy(float))]
+    if "comm_hook" in t:
+        t = t[t["comm_hook"] == "timed"]
+    if t.empty:
+        return {"verdict": "untested", "number": "no timed DDP point with its no-op twin", "why": ""}
+    lo, hi = t["overhead_fraction"].min(), t["overhead_fraction"].max()
+    num = (f"{lo:.1%}-{hi:.1%}" if f"{lo:.1%}" != f"{hi:.1%}" else f"{lo:.1%}") + " of the step" \
+        + (f" ({len(t)} points)" if len(t) > 1 else "")
+    ok = hi <= PAPER["overhead_fraction_max"] * CONFIRM_UP_TO
+    return claims.verdict(ok, num, f"against {PUBLISHED_RANGE}", f"against {PUBLISHED_RANGE}", other)
+
+
+def judge_attribution(a: StudyAnalysis, machine: dict, other: str, guidelines=None, ctx=None) -> dict:
+    """The verdict on the published attribution (the all-reduce and the link, not KAN's gradients): from the
+    collective benchmark, the share of the hook's time spent waiting for a late rank rather than in transfer."""
+    tw = a.extra.get("transfer_waiting")
+    if tw is None or not len(tw):
+        return {"verdict": "untested", "number": "no collective benchmark",
+                "why": "transfer and waiting are told apart only with the collective benchmark"}
+    num = "waiting share of the hook time " + ", ".join(f"{r['placement']} {r['waiting_fraction']:.0%}"
+                                                        for _, r in tw.iterrows())
+    waiting = float(tw["waiting_fraction"].median()) > 0.5
+    if other:
+        return {"verdict": claims.NOT_COMPARABLE, "number": num,
+                "why": other + ("; here the hook mostly waits for the other rank (load), not the network"
+                                if waiting else "")}
+    return claims.verdict(not waiting, num, "most of the hook time is transfer",
+                          "most of the hook time is waiting for a late rank, not transfer")
+
+
+CLAIMS = (claims.Claim("Communication overhead", f"{PUBLISHED_RANGE} of the step", judge_overhead, NAME),
+          claims.Claim("Attribution of the overhead", "to the all-reduce algorithm and inter-node latency "
+                       "(not measured)", judge_attribution, NAME))
+"""The published claims this study answers."""

@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kanlib.analysis import fmt, groups, stats, style
+from kanlib.analysis import claims, fmt, groups, stats, style
 from kanlib.analysis.context import Context, Goals, disturbed_why, unanswered
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
@@ -24,6 +24,8 @@ TITLE = "Model-size scaling (KAN vs matched-parameter MLP; DDP vs FSDP)"
 PUBLISHED = "a parameters-per-byte trend across model sizes"
 PUBLISHED_FSDP = "not studied (DDP only)"
 PUBLISHED_TIME = "time scales unfavourably with model size"
+UNFAVOURABLE_SLOPE = 0.9
+"""Step time 'scales unfavourably' when its log-log slope against the parameter count is at least this."""
 AXES = ("model", "widths", "grid_size")
 SWEPT = ("model", "widths", "grid_size", "parallelism")
 EXPLORER = View(x=("n_params", "grid_size", "depth", "global_batch"), series=("parallelism",))
@@ -492,3 +494,35 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
     _limits(t, goals, rows, text, ctx.left_out(RECORDS))
     _fsdp_answers(t, ctx.runs(RECORDS).data, rows, text)
     return rows, text
+
+
+def time_slope(t) -> float:
+    """Log-log slope of the median step time against the parameter count over a model-size table's sizes (one line
+    of sizes at a time, :func:`size_lines`: nothing but the size differs along it; the median of the slopes):
+    1 = time in proportion to the parameters; NaN with fewer than two sizes."""
+    slopes = [loglog_slope(g, "step_time_s") for _, g in size_lines(t, "step_time_s")]
+    slopes = [v for v in slopes if np.isfinite(v)]
+    return float(np.median(slopes)) if slopes else float("nan")
+
+
+def judge(a: StudyAnalysis, machine: dict, other: str, guidelines=None, ctx=None) -> dict:
+    """The verdict on the published model-size scaling: the step time's log-log slope against the parameters
+    (:func:`time_slope`); on CPU the resident set is no measure of the parameters' bytes, which the reason says."""
+    slope = time_slope(a.table)
+    num = f"step time log-log slope {slope:.2f} against parameters" if np.isfinite(slope) else "one size only"
+    why = []
+    if not machine["on_gpu"]:
+        mem = a.table.data["peak_mem_bytes"]
+        why.append(f"on CPU peak memory is the process's resident set ({fmt.mib(mem.min())}-"
+                   f"{fmt.mib(mem.max())} MiB), so parameters per byte is an artefact")
+    if other:
+        return {"verdict": claims.NOT_COMPARABLE, "number": num, "why": "; ".join(why + [other])}
+    if not np.isfinite(slope):
+        return {"verdict": "untested", "number": num, "why": "needs two model sizes"}
+    return claims.verdict(slope >= UNFAVOURABLE_SLOPE, num, "step time grows at least in proportion to the "
+                          "parameters", "step time grows slower than the parameters")
+
+
+CLAIMS = (claims.Claim("Model-size scaling", "parameters per byte rise with model size; time scales unfavourably",
+                       judge, NAME),)
+"""The published claim this study answers."""

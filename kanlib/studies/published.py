@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kanlib.analysis import commmodel, fmt, load, presets, style
+from kanlib.analysis import claims, commmodel, fmt, load, presets, stats, style
 from kanlib.analysis.context import Context, Goals
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
@@ -228,3 +228,26 @@ def finding(a: StudyAnalysis) -> list[dict]:
 def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
     """None: a what-if of the model, not a decision from these records."""
     return [], []
+
+
+def judge_guidelines(a, machine: dict, other: str, guidelines=None, ctx=None) -> dict:
+    """The verdict on the published deployment guidelines: whether this folder's guidelines decide anything
+    (how many decisions rest on unstable points, how many on too few runs) and whether the link model passed its
+    own check."""
+    if guidelines is None or guidelines.table.empty:
+        return {"verdict": "untested", "number": "no guidelines computed", "why": ""}
+    t = guidelines.table
+    n_unstable = int((t["rests_on"].fillna("") != "").sum())
+    n_unranked = int((~t["ranked"].astype(bool)).sum())
+    num = (f"{len(t)} decisions: {n_unstable} rest on unstable points or near the target, {n_unranked} on fewer than "
+           f"{stats.MIN_RUNS} runs")
+    mc = ctx.model_check() if ctx is not None else None
+    why = [other] if other else []
+    if mc is not None and not mc.usable:
+        why.append(f"the link model {mc.status} its own check, so it predicts nothing here")
+    return {"verdict": claims.NOT_COMPARABLE if other or n_unranked == len(t) else "confirmed", "number": num,
+            "why": "; ".join(why)}
+
+
+CLAIMS = (claims.Claim("Deployment guidelines", "guidelines for deploying KAN training with DDP", judge_guidelines),)
+"""The published claim judged on the folder's guidelines rather than one study's records."""

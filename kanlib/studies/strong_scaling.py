@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from kanlib.analysis import fmt, groups, stats, style
+from kanlib.analysis import claims, fmt, groups, stats, style
 from kanlib.analysis.context import Context, Goals, disturbed_why, unanswered
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
@@ -20,7 +20,11 @@ from kanlib.analysis.table import Table
 
 NAME = SECTION = RECORDS = "strong_scaling"
 TITLE = "Strong scaling (fixed global batch)"
-PUBLISHED = "speedup 5.97x, efficiency 74.7% at 8 GPUs over 4 nodes (4x2)"
+PAPER = claims.PUBLISHED
+PUBLISHED = (f"speedup {PAPER['speedup']}x, efficiency {PAPER['efficiency']:.1%} at {PAPER['world_size']} GPUs over "
+             f"{PAPER['nnodes']} nodes ({PAPER['nnodes']}x{PAPER['nproc_per_node']})")
+CONFIRM_WITHIN = 0.10
+"""A measured efficiency at the largest world size confirms the published one within this many points."""
 AXES = ("nnodes", "nproc_per_node")
 """What varies within a group: the placement."""
 SWEPT = ("nnodes", "nproc_per_node", "global_batch", "widths", "n_train")
@@ -414,3 +418,18 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
         rows.append(_placement_answer(g, label, target, text))
     _least_work(t, target, rows, text)
     return rows, text
+
+
+def judge(a: StudyAnalysis, machine: dict, other: str, guidelines=None, ctx=None) -> dict:
+    """The verdict on the published strong scaling: the efficiency at the largest world size (its most work per
+    process) within :data:`CONFIRM_WITHIN` of the paper's, where this machine is comparable."""
+    t = a.table.data
+    top = t[t["world_size"] == t["world_size"].max()].sort_values("work_per_process_s").iloc[-1]
+    num = f"{top['placement']}: efficiency {fmt.row_ci(top, 'efficiency', fmt.pct)}"
+    ok = abs(float(top["efficiency"]) - PAPER["efficiency"]) <= CONFIRM_WITHIN
+    return claims.verdict(ok, num, f"within {CONFIRM_WITHIN * 100:.0f} points of {PAPER['efficiency']:.1%}",
+                          f"more than {CONFIRM_WITHIN * 100:.0f} points from {PAPER['efficiency']:.1%}", other)
+
+
+CLAIMS = (claims.Claim("Strong scaling", PUBLISHED, judge, NAME),)
+"""The published claim this study answers."""

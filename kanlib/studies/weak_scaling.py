@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from kanlib.analysis import fmt, groups, stats, style
+from kanlib.analysis import claims, fmt, groups, stats, style
 from kanlib.analysis.context import Context, Goals, disturbed_why, unanswered
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
@@ -20,6 +20,9 @@ from kanlib.analysis.table import Table
 NAME = SECTION = RECORDS = "weak_scaling"
 TITLE = "Weak scaling (fixed per-process batch)"
 PUBLISHED = "a drop in efficiency from 1 to several GPUs, then stable"
+STABLE_FROM_FIRST_MULTI = 0.9
+"""'Then stable': every larger world size keeps at least this share of the first multi-process point's throughput
+per process."""
 AXES = ("nnodes", "nproc_per_node", "global_batch")
 """What varies within a group: global batch = per-process batch x N; the per-process batch is a group field."""
 SWEPT = ("nnodes", "nproc_per_node", "global_batch", "local_batch")
@@ -261,3 +264,22 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
             rows.append({"question": f"{p}: smallest per-process batch with weak efficiency >= {target:g}",
                          "group": label, "answer": answer, "value": np.nan, "basis": NAME})
     return rows, text
+
+
+def judge(a: StudyAnalysis, machine: dict, other: str, guidelines=None, ctx=None) -> dict:
+    """The verdict on the published weak scaling: needs three or more world sizes (a drop, then stable); stable
+    when every point beyond the first multi-process one keeps :data:`STABLE_FROM_FIRST_MULTI` of it."""
+    t = a.table.data
+    top = t[t["world_size"] == t["world_size"].max()].sort_values("weak_efficiency").iloc[-1]
+    num = f"N={int(top['world_size'])} ({top['placement']}): E_w {fmt.row_ci(top, 'weak_efficiency', fmt.pct)}"
+    if t["world_size"].nunique() < 3:
+        return {"verdict": claims.NOT_COMPARABLE if other else "untested", "number": num,
+                "why": "'then stable' needs three or more world sizes; "
+                       + (other or f"measured {t['world_size'].nunique()}")}
+    multi = t.dropna(subset=["weak_efficiency_multi"])
+    stable = bool(len(multi)) and multi["weak_efficiency_multi"].min() >= STABLE_FROM_FIRST_MULTI
+    return claims.verdict(stable, num, "stable beyond the first multi-process point", "keeps falling", other)
+
+
+CLAIMS = (claims.Claim("Weak scaling", PUBLISHED, judge, NAME),)
+"""The published claim this study answers."""
