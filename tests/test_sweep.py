@@ -494,3 +494,86 @@ def test_a_sweep_holding_a_stale_disturbed_record_leaves_another_sweeps_fresh_re
     assert res.ok and res.rerun == 0 and [r["run_id"] for r in res.records] == [on_disk["run_id"]], res
     assert rows_of(cfg) == ["ok", "ok"]  # no disturbed row for the other sweep's attempt, no third run
     assert not os.path.isdir(os.path.join(cfg.run_dir(), records.ATTEMPTS_DIR))
+
+
+def test_a_full_disk_when_writing_a_plan_stops_the_sweep_with_a_message_and_its_row(tmp_path, monkeypatch):
+    """Issue 34, item 12: a full disk in write_plan ended the sweep in a traceback, with no sweeps.jsonl row."""
+    import errno
+
+    from kanlib import worker
+    from runners.sweep import SweepStopped
+
+    def full(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(worker, "write_plan", full)
+    cfgs = [tiny(tmp_path, seed=s) for s in (1, 2)]
+    with pytest.raises(SweepStopped, match=r"^sweep stopped: OSError: \[Errno 28\] No space left on device: '.*plan"
+                                           r"\.json'; 0 of 2 runs have a record, 0 failed, the others did not run\. "
+                                           r"Nothing written before was lost"):
+        run_sweep(cfgs, progress=False, timeout_s=120)
+    [row] = records.read_jsonl(os.path.join(str(tmp_path), cfgs[0].study, records.SWEEPS_NAME))
+    assert row["n_runs"] == 2 and row["n_ok"] == 0 and row["n_failed"] == 0 and row["n_launches"] == 0
+    for cfg in cfgs:  # no lock left held: a rerun takes them at once
+        lock = records.RunLock(cfg.run_dir())
+        assert lock.acquire(wait=False)
+        lock.release()
+
+
+def test_a_sweep_on_a_really_full_disk_stops_with_a_message(full_disk):
+    from conftest import fill_disk
+    from runners.sweep import SweepStopped
+
+    cfg = tiny(full_disk)
+    fill_disk(full_disk)
+    with pytest.raises(SweepStopped, match=r"^sweep stopped: OSError: .*0 of 1 runs have a record"):
+        run_sweep([cfg], progress=False, timeout_s=120)
+
+
+SLOW_START = textwrap.dedent("""
+    # A worker group's processes start slowly (the sweep is interrupted while they do); nothing else changes.
+    import time
+    with open("/proc/self/cmdline", "rb") as f:
+        if b"kanlib.worker" in f.read():
+            time.sleep(30)
+""")
+
+
+@pytest.mark.slow
+def test_a_sweep_interrupted_while_its_launch_starts_records_the_run_preempted_not_failed(tmp_path):
+    """Issue 34, item 12: SIGTERM to a sweep during a launch's start-up recorded the run that never began as
+    failed."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW_START)
+    script = SWEEP_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"), out=str(tmp_path / "out"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(slow), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        from runners.supervisor import descendants
+
+        def workers() -> bool:
+            for p in descendants(proc.pid):
+                try:
+                    with open(f"/proc/{p}/cmdline", "rb") as f:
+                        if b"kanlib.worker" in f.read():
+                            return True
+                except OSError:
+                    pass
+            return False
+
+        deadline = time.monotonic() + 90
+        while not workers() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert workers(), "the sweep never started its launch"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    cfg = tiny(tmp_path / "out", steps=10, seed=0, checkpoint_every=5)
+    [row] = manifest_rows(cfg)
+    assert (row["run_key"], row["status"]) == (cfg.run_key(), "preempted"), row
+    assert row["error"] == "the runner was interrupted (SweepInterrupted) before the run began"
