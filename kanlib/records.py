@@ -451,9 +451,23 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+RERUN_MARK = "rerun-pending"
+"""``<run_dir>/attempts/rerun-pending``: the run id of the record :func:`set_aside` copied for a rerun that has not
+ended yet (no ``.json``: it is not an attempt)."""
+
+
+def needs_rerun(rec: dict) -> str:
+    """Why a sweep runs the run of ``rec`` once more (docs/faults.md, "Disturbed runs"), or '': the record is
+    disturbed (:func:`disturbance`) and a first attempt. A record that is itself a rerun (it names
+    ``earlier_attempts``) is kept, flagged disturbed: a run is run again once."""
+    return "" if rec.get("earlier_attempts") else disturbance(rec)
+
+
 def set_aside(run_dir: str) -> str | None:
-    """Move a complete attempt's record (and its per-step rows) into ``<run_dir>/attempts/`` so the run can run
-    again; returns the kept record's path, or None when there is no record."""
+    """Copy a complete attempt's record (and its per-step rows) into ``<run_dir>/attempts/`` before the run runs
+    again, and mark the rerun pending (:data:`RERUN_MARK`); returns the copy's path, or None when there is no valid
+    record. The record stays the run's ``record.json`` until the rerun writes a new one (the rerun removes it when
+    it starts); :func:`restore_set_aside` puts it back when the rerun ends without one. Call under the run's lock."""
     path = os.path.join(run_dir, RECORD_NAME)
     try:
         rec = read_record(path)
@@ -464,10 +478,69 @@ def set_aside(run_dir: str) -> str | None:
     rid = rec.get("run_id") or new_run_id()
     steps = os.path.join(run_dir, STEPS_NAME)
     if os.path.exists(steps):
-        os.replace(steps, os.path.join(keep, f"{rid}.steps.csv"))
+        _copy_synced(steps, os.path.join(keep, f"{rid}.steps.csv"))
     dest = os.path.join(keep, f"{rid}.json")
-    os.replace(path, dest)
+    _copy_synced(path, dest)
+    _write_synced(os.path.join(keep, RERUN_MARK), rid)  # last: a mark names only a complete copy
     return dest
+
+
+def restore_set_aside(run_dir: str) -> dict | None:
+    """End a rerun :func:`set_aside` marked pending: when the run has no valid ``record.json`` (the rerun failed,
+    was interrupted, or its sweep was killed), move the set-aside record and rows back, so the earlier complete
+    attempt is the run's record again; returns that record, or None when the rerun's own record stands (or nothing
+    was pending). Call under the run's lock: a rerun in flight has no record yet."""
+    keep = os.path.join(run_dir, ATTEMPTS_DIR)
+    mark = os.path.join(keep, RERUN_MARK)
+    try:
+        with open(mark) as f:
+            rid = f.read().strip()
+    except FileNotFoundError:
+        return None
+    path = os.path.join(run_dir, RECORD_NAME)
+    try:
+        read_record(path)
+        back = None  # the rerun completed: its record names the copy in earlier_attempts
+    except RecordError:
+        steps = os.path.join(keep, f"{rid}.steps.csv")
+        if os.path.exists(steps):
+            os.replace(steps, os.path.join(run_dir, STEPS_NAME))
+        os.replace(os.path.join(keep, f"{rid}.json"), path)  # last: the record marks the run complete
+        _fsync_dir(run_dir)
+        back = read_record(path)
+    os.remove(mark)
+    return back
+
+
+def _copy_synced(src: str, dest: str) -> None:
+    """Copy ``src`` to ``dest`` through a temporary file, synced and renamed (never half a copy)."""
+    with open(src, "rb") as f:
+        _write_synced(dest, f.read())
+
+
+def _write_synced(path: str, data) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(os.path.dirname(path))
+
+
+def _fsync_dir(folder: str) -> None:
+    dfd = os.open(os.path.abspath(folder), os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def earlier_attempts(run_dir: str) -> list | None:
@@ -608,8 +681,9 @@ class ManifestRow:
     launcher: str = field(default="local", metadata=_doc("`local`, `multinode` or `slurm`"))
     run_dir: str = field(default="", metadata=_doc("the run's folder"))
     status: str = field(default="failed", metadata=_doc(
-        "`ok`, `failed`, `timeout` (the runner's deadline passed), `preempted` (SIGTERM; a checkpoint was saved) or "
-        "`disturbed` (an ok attempt whose machine was busy, set aside into `attempts/` to run again; `error` says why)"))
+        "`ok`, `failed`, `timeout` (the runner's deadline passed), `preempted` (SIGTERM or an interrupted runner: a "
+        "checkpoint was saved, or the run had not begun) or `disturbed` (not an attempt: the ok attempt of the same "
+        "`launch_id` was disturbed and is run again; its record is copied into `attempts/`; `error` says why)"))
     exit_code: int | None = field(default=None, metadata=_doc("the launcher's exit code; null for a timeout or a "
                                                                "config refused before launch"))
     error: str = field(default="", metadata=_doc("the root cause: the first error line of the failing rank, a signal "
@@ -757,6 +831,15 @@ def read_manifest_rows(path: str) -> tuple[list[dict], list[tuple]]:
                     continue
                 rows.append(obj)
     return rows, bad
+
+
+def row_of_record(rows: list[dict], rec: dict) -> dict | None:
+    """The manifest row of the attempt whose record is ``rec`` (the run's ``record.json``), among ``rows`` in the
+    order written: the last ``ok`` row of its ``run_key`` and ``launch_id`` (docs/faults.md, "The manifest"). The
+    run's other ok rows are attempts set aside (a ``disturbed`` row of the same launch follows) or replaced."""
+    mine = [r for r in rows if r.get("run_key") == rec.get("run_key") and r.get("status") == "ok"
+            and r.get("launch_id", "") == rec.get("launch_id", "")]
+    return mine[-1] if mine else None
 
 
 # -- writing ----------------------------------------------------------------------------------------

@@ -466,6 +466,9 @@ class Launch:
             elif marker:
                 self._end(cfg, None, "preempted", error=f"the runner was interrupted ({type(interrupted).__name__}); "
                                                          f"the run checkpointed and stopped")
+            elif not began and self._has_events():  # interrupted during the launch's start-up: nothing of it ran
+                self._end(cfg, None, "preempted", error=f"the runner was interrupted ({type(interrupted).__name__}) "
+                                                         f"before the run began")
             else:
                 self._end(cfg, None, "failed", error=f"the runner was interrupted ({type(interrupted).__name__}: "
                                                       f"{interrupted}); the run stopped without a checkpoint")
@@ -474,6 +477,10 @@ class Launch:
             self._end(cfg, code, "ok")
             return
         self._end(cfg, code, self._verdict(cfg, code, timed_out, marker))
+
+    def _has_events(self) -> bool:
+        """Whether the launch says when each run begins (a worker group's events); without, a run's start is unknown."""
+        return bool(getattr(self.job, "events_path", lambda: None)())
 
     def _verdict(self, cfg, code, timed_out: bool, marker: bool) -> str:
         status, _ = self.job.outcome(code)

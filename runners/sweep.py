@@ -57,6 +57,8 @@ class SweepResult:
     launches: int = 0  # worker-group launches the sweep made
     rerun: int = 0  # runs run again because their first attempt was disturbed
     disturbed: int = 0  # records that still say the machine was busy (kept, flagged)
+    rerun_failures: list[tuple[object, str]] = field(default_factory=list)  # reruns that ended without a record:
+    # (config, "<status>: <error>"); the run's earlier, disturbed record is its record again (in ``records``)
 
     @property
     def ok(self) -> bool:
@@ -67,6 +69,11 @@ class SweepInterrupted(KeyboardInterrupt):
     """The sweep process got SIGTERM; the run in flight was stopped (checkpointed) and recorded as preempted."""
 
 
+class SweepStopped(RuntimeError):
+    """The sweep could not go on (an ``OSError``: a full disk, a folder that went away); the message says what
+    failed and how many runs were done. Its ``sweeps.jsonl`` row was written where the disk allowed."""
+
+
 def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | None = None,
               timeout_s: float | None = None, skip_done: bool = True, progress: bool = True,
               stream_output: bool = False, max_restarts: int = 0, rerun_disturbed: bool = True,
@@ -74,9 +81,12 @@ def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | N
     """Run each config (skipping those with an ok record already, when ``skip_done``), round by round in worker
     groups, carry on past failures, and report them at the end. ``stream_output`` echoes the runs' output to
     stdout. ``timeout_s`` is each run's deadline (a launch's first run counts its start-up); ``max_restarts`` is
-    passed to torchrun. ``rerun_disturbed``: a run this sweep ran whose machine was busy during its measured steps
-    (:func:`kanlib.records.disturbance`) is run once more at the end of its round; its first record is kept in
-    ``<run_dir>/attempts/`` and named by the new one (``earlier_attempts``). SIGTERM to the sweep (or Ctrl-C)
+    passed to torchrun. ``rerun_disturbed``: a run whose record (this sweep's, or one an earlier sweep left) says its
+    machine was busy during its measured steps and is a first attempt (:func:`kanlib.records.needs_rerun`) is run
+    once more at the end of its round; its first record is copied into ``<run_dir>/attempts/`` and named by the new
+    one (``earlier_attempts``), and stays the run's record when the rerun ends without one. An ``OSError`` (a full
+    disk) stops the sweep with :class:`SweepStopped`, its ``sweeps.jsonl`` row written where possible. SIGTERM to
+    the sweep (or Ctrl-C)
     stops the run in flight gracefully (it checkpoints and is recorded as preempted) and raises
     :class:`SweepInterrupted` (KeyboardInterrupt for Ctrl-C). ``keep_groups``: a placement's worker group waits
     (holding no CPU) while the other placements run their part of a round and runs its part of every round, so a
@@ -97,18 +107,34 @@ def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | N
     if keep_groups is None:
         keep_groups = launcher in ("local", "multinode")
     sweep = _Sweep(launcher, opts, timeout_s, None if stream_output else False, max_restarts, keep_groups)
-    with _sigterm_interrupts(), sweep:
-        todo = sweep.skip_done(_unique(configs)) if skip_done else _unique(configs)
-        sweep.bar = tqdm(total=len(configs), initial=len(configs) - len(todo), desc="sweep", unit="run",
-                         disable=not progress, file=sys.stdout)
-        for _, round_cfgs in _rounds(sweep.refuse(todo)):
-            for group in groups_of(round_cfgs):
-                sweep.run(group)
-            if rerun_disturbed:
-                sweep.rerun_disturbed(round_cfgs)
-        sweep.run_deferred()
-        sweep.close_groups()
-        sweep.bar.close()
+    try:
+        with _sigterm_interrupts(), sweep:
+            every = _unique(configs)
+            todo = sweep.skip_done(every) if skip_done else every
+            sweep.bar = tqdm(total=len(configs), initial=len(configs) - len(todo), desc="sweep", unit="run",
+                             disable=not progress, file=sys.stdout)
+            launch = {c.run_key() for c in sweep.refuse(todo)}
+            # every round holds the runs to launch and those already done: a disturbed record an earlier sweep left
+            # is run again at the end of its round as the sweep's own are (docs/faults.md, "Disturbed runs")
+            for _, round_cfgs in _rounds([c for c in every if c.run_key() in launch or c.run_key() in sweep.records]):
+                for group in groups_of([c for c in round_cfgs if c.run_key() in launch]):
+                    sweep.run(group)
+                if rerun_disturbed:
+                    sweep.rerun_disturbed(round_cfgs)
+            for _ in range(3):  # a run judged after its holder let go may be held again by then
+                if sweep.deferred:
+                    sweep.run_deferred(rerun_disturbed)
+            sweep.close_groups()
+            sweep.bar.close()
+    except OSError as e:  # a full disk, a folder that went away: stop with what was done, and say so
+        if sweep.bar is not None:
+            sweep.bar.close()
+        result = sweep.result(configs)
+        _log_sweep(configs, result, sweep, launcher, started_at, time.monotonic() - t0)
+        raise SweepStopped(
+            f"sweep stopped: {type(e).__name__}: {e}; {len(result.records)} of {len(_unique(configs))} runs have a "
+            f"record, {len(result.failures)} failed, the others did not run. Nothing written before was lost: "
+            f"fix the cause (free disk space) and run the sweep again; it runs only what is missing.") from None
     result = sweep.result(configs)
     _log_sweep(configs, result, sweep, launcher, started_at, time.monotonic() - t0)
     print(f"sweep: {len(result.records)} ok ({result.skipped} already done), {len(result.failures)} failed, "
@@ -117,6 +143,8 @@ def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | N
              if result.rerun or result.disturbed else ""))
     for cfg, msg in result.failures:
         print(f"FAILED {cfg.run_key()}: {msg.splitlines()[0]}")
+    for cfg, msg in result.rerun_failures:
+        print(f"RERUN FAILED {cfg.run_key()}: {msg.splitlines()[0]}; its earlier (disturbed) record is kept")
     return result
 
 
@@ -135,21 +163,28 @@ class _Sweep:
         self.skipped = 0
         self.launches = 0
         self.rerun: set[str] = set()  # run keys run again for a disturbed first attempt
+        self.aside: set[str] = set()  # run keys whose rerun is in flight (their record copied aside, lock held)
+        self.rerun_failures: dict[str, str] = {}  # run key -> why its rerun ended without a record
         self.bar = None
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close_groups()
-        for lock in self.locks.values():
-            lock.release()
-        self.locks.clear()
+        try:
+            self.close_groups()
+        finally:
+            for key in list(self.aside):  # a rerun that never started (the sweep stopped first): its record stays
+                self._settle_rerun(os.path.dirname(self.locks[key].path))
+            self.aside.clear()
+            for lock in self.locks.values():
+                lock.release()
+            self.locks.clear()
 
     def skip_done(self, configs: list) -> list:
         todo = []
         for cfg in configs:
-            done = read_record(cfg)
+            done = read_record(cfg) or self._put_back(cfg)
             if done is not None:
                 self.records[cfg.run_key()] = done
                 self.skipped += 1
@@ -171,15 +206,34 @@ class _Sweep:
                 self._tick()
         return ok
 
+    def _put_back(self, cfg) -> dict | None:
+        """A run without a record whose rerun was left pending (its sweep was killed during it) gets its set-aside
+        record back, unless another process holds the run (its rerun may be in flight); that record, or None."""
+        if not os.path.exists(os.path.join(cfg.run_dir(), records.ATTEMPTS_DIR, records.RERUN_MARK)):
+            return None
+        lock = RunLock(cfg.run_dir())
+        if not lock.acquire(wait=False):
+            return None
+        try:
+            records.restore_set_aside(cfg.run_dir())
+            return read_record(cfg)
+        finally:
+            lock.release()
+
     def run(self, group: list) -> None:
-        """Lock what this sweep can run now (another process's runs are deferred) and run it in worker groups."""
+        """Lock what this sweep can run now (another process's runs are deferred) and run it in worker groups.
+        A run this sweep already holds (a rerun :meth:`rerun_disturbed` decided under its lock) runs as it is."""
         mine = []
         for cfg in group:
+            if cfg.run_key() in self.locks:
+                mine.append(cfg)
+                continue
             lock = RunLock(cfg.run_dir())
             if not lock.acquire(wait=False):
                 self.deferred.append(cfg)
                 continue
-            done = read_record(cfg)  # completed by another sweep between our look and our lock
+            # completed by another sweep between our look and our lock (or its rerun was killed with it: put back)
+            done = read_record(cfg) or records.restore_set_aside(cfg.run_dir())
             if done is not None and cfg.run_key() not in self.failures:
                 lock.release()
                 self.records[cfg.run_key()] = done
@@ -203,34 +257,69 @@ class _Sweep:
         if waiting is not None:
             self.waiting[key] = waiting
         for out in outcomes:
+            key = out.cfg.run_key()
             if out.status == "ok":
-                self.records[out.cfg.run_key()] = out.record
-                self.failures.pop(out.cfg.run_key(), None)
+                self.records[key] = out.record
+                self.failures.pop(key, None)
+            elif key in self.rerun_failures:  # the rerun failed: the earlier record is the run's again (_ended)
+                self.rerun_failures[key] = f"{out.status}: {out.error or out.message.splitlines()[0]}"
             else:
-                self.failures[out.cfg.run_key()] = f"{out.status}: {out.error or out.message.splitlines()[0]}"
+                self.failures[key] = f"{out.status}: {out.error or out.message.splitlines()[0]}"
 
     def rerun_disturbed(self, configs: list) -> None:
-        """Run once more, at the end of their round, the runs of ``configs`` this sweep ran whose record says the
-        machine was busy (kanlib.records.disturbance); the disturbed record is kept in ``attempts/``."""
+        """Run once more, at the end of their round, the runs of ``configs`` whose record needs it
+        (:func:`kanlib.records.needs_rerun`: disturbed, a first attempt), each at most once per sweep. The decision is
+        taken under the run's lock on the record as it is on disk then (another sweep may have run it again
+        meanwhile); a run another process holds is judged when it lets go (:meth:`run_deferred`). The record is
+        copied into ``attempts/`` and stays the run's record until the rerun writes a new one."""
         again = []
         for cfg in configs:
-            rec = self.records.get(cfg.run_key())
-            if rec is None or cfg.run_key() in self.rerun or not records.disturbance(rec):
+            key = cfg.run_key()
+            if key not in self.records or key in self.rerun or not records.needs_rerun(self.records[key]):
                 continue
-            why = records.disturbance(rec)
+            lock = RunLock(cfg.run_dir())
+            if not lock.acquire(wait=False):
+                self.deferred.append(cfg)
+                continue
+            rec = read_record(cfg)  # now, under the lock
+            why = records.needs_rerun(rec) if rec is not None else ""
+            if not why:
+                lock.release()
+                if rec is not None:
+                    self.records[key] = rec
+                continue
             records.set_aside(cfg.run_dir())
-            records.append_manifest(records.manifest_path(cfg.out_dir, cfg.study), records.ManifestRow(
-                run_key=cfg.run_key(), study=cfg.study, world_size=cfg.world_size, placement=cfg.placement,
-                launcher=rec.get("launcher", ""), run_dir=cfg.run_dir(), status="disturbed", error=why,
-                attempt_at=records.now_iso(), pid=os.getpid(), launch_id=rec.get("launch_id", "")))
-            self.records.pop(cfg.run_key())
-            self.rerun.add(cfg.run_key())
+            if not self._has_disturbed_row(cfg, rec):  # one disturbed row per attempt (a failed rerun restored it)
+                records.append_manifest(records.manifest_path(cfg.out_dir, cfg.study), records.ManifestRow(
+                    run_key=key, study=cfg.study, world_size=cfg.world_size, placement=cfg.placement,
+                    launcher=rec.get("launcher", ""), run_dir=cfg.run_dir(), status="disturbed", error=why,
+                    attempt_at=records.now_iso(), pid=os.getpid(), launch_id=rec.get("launch_id", "")))
+            self.records[key] = rec
+            self.locks[key] = lock
+            self.aside.add(key)
+            self.rerun.add(key)
+            self.rerun_failures[key] = ""  # until the rerun says otherwise (run(): '' once it ended ok)
             again.append(cfg)
         if self.bar is not None and again:
             self.bar.total += len(again)
             self.bar.refresh()
         for group in groups_of(again):
             self.run(group)
+        for cfg in again:
+            if self.rerun_failures.get(cfg.run_key()) == "":
+                del self.rerun_failures[cfg.run_key()]
+
+    @staticmethod
+    def _has_disturbed_row(cfg, rec: dict) -> bool:
+        rows, _ = records.read_manifest_rows(records.manifest_path(cfg.out_dir, cfg.study))
+        return any(r.get("run_key") == cfg.run_key() and r.get("status") == "disturbed"
+                   and r.get("launch_id", "") == rec.get("launch_id", "") for r in rows)
+
+    def _settle_rerun(self, run_dir: str) -> None:
+        """The rerun of a set-aside record ended (or will not run): when it left no record, put the earlier back."""
+        back = records.restore_set_aside(run_dir)
+        if back is not None:
+            self.records[back.get("run_key", "")] = back
 
     def close_groups(self) -> None:
         """Let every waiting worker group leave (the sweep is over, or interrupted)."""
@@ -239,6 +328,9 @@ class _Sweep:
             launch.close()
 
     def _ended(self, cfg) -> None:
+        if cfg.run_key() in self.aside:  # under the lock still: a rerun that wrote no record gives the earlier back
+            self.aside.discard(cfg.run_key())
+            self._settle_rerun(cfg.run_dir())
         lock = self.locks.pop(cfg.run_key(), None)
         if lock is not None:
             lock.release()
@@ -248,25 +340,32 @@ class _Sweep:
         if self.bar is not None:
             self.bar.update(1)
 
-    def run_deferred(self) -> None:
-        """Wait for the runs another process held (saying who), then run what it did not complete."""
-        left = []
+    def run_deferred(self, rerun_disturbed: bool = True) -> None:
+        """Wait for the runs another process held (saying who), then run what it did not complete, and (with
+        ``rerun_disturbed``) run again what it left disturbed (:meth:`rerun_disturbed`)."""
+        left, judge = [], []
         for cfg in self.deferred:
             lock = RunLock(cfg.run_dir())
             lock.acquire(wait=True)  # says who holds it while it waits
             lock.release()
-            done = read_record(cfg)
+            done = read_record(cfg) or self._put_back(cfg)
             if done is not None:
+                if cfg.run_key() not in self.records:
+                    self._tick()
                 self.records[cfg.run_key()] = done
-                self._tick()
+                judge.append(cfg)
             else:
                 left.append(cfg)
         self.deferred = []
         for group in groups_of(left):
             self.run(group)
+        if rerun_disturbed:
+            self.rerun_disturbed(judge + left)
 
     def result(self, configs: list) -> SweepResult:
         res = SweepResult(skipped=self.skipped, launches=self.launches, rerun=len(self.rerun))
+        res.rerun_failures = [(c, self.rerun_failures[c.run_key()]) for c in _unique(configs)
+                              if self.rerun_failures.get(c.run_key())]
         seen = set()
         for cfg in configs:
             key = cfg.run_key()
@@ -352,7 +451,7 @@ def run_sweep_in_allocation(configs: list, *, launcher_opts: dict | None = None,
     todo = []
     for cfg in configs:
         done = read_record(cfg) if skip_done else None
-        if done is not None:
+        if done is not None and not (rerun_disturbed and records.needs_rerun(done)):  # else: the allocation reruns it
             result.records.append(done)
             result.skipped += 1
         else:
@@ -384,8 +483,8 @@ def _collect_allocation(configs: list, before: dict, job, result: "SweepResult")
     """The sweep's result from what the allocation left: fresh records, else the run's last manifest row."""
     for cfg in configs:
         rec, old = read_record(cfg), before.get(cfg.run_key())
-        if rec is not None and (old is None or rec.get("run_id") != old.get("run_id")):
-            result.records.append(rec)
+        if rec is not None and (old is None or rec.get("run_id") != old.get("run_id") or records.needs_rerun(old)):
+            result.records.append(rec)  # fresh, or the disturbed record whose rerun failed (it stays the run's)
             continue
         rows, _ = records.read_manifest_rows(records.manifest_path(cfg.out_dir, cfg.study))
         mine = [r for r in rows if r.get("run_key") == cfg.run_key()]

@@ -352,3 +352,228 @@ def test_a_deadline_that_is_not_positive_is_refused_before_anything_runs(tmp_pat
     with pytest.raises(ConfigError, match="^timeout_s: "):
         run(cfg, echo=False, timeout_s=timeout_s)
     assert not os.path.exists(os.path.join(tmp_path, cfg.study))
+
+
+# -- disturbed runs run again: nothing lost, nothing run twice (issue 34) ------------------------------------------
+def flag_first_attempts(monkeypatch, cfgs) -> None:
+    """Make the first complete attempt of each of ``cfgs`` count as disturbed, whatever the machine did, and every
+    rerun (a record naming ``earlier_attempts``) quiet: the sweep's handling is tested here, not the counters."""
+    keys = {c.run_key() for c in cfgs}
+    monkeypatch.setattr(records, "disturbance", lambda rec: "flagged by the test" if rec.get("run_key") in keys
+                        and not rec.get("earlier_attempts") else "")
+
+
+def rows_of(cfg) -> list[tuple[str, str]]:
+    return [r["status"] for r in manifest_rows(cfg) if r["run_key"] == cfg.run_key()]
+
+
+@pytest.mark.slow
+def test_a_rerun_killed_at_its_start_keeps_the_disturbed_record_as_the_runs_record(tmp_path, monkeypatch):
+    """Issue 34, item 1: the rerun of a disturbed run moved its only complete record into attempts/ before it
+    started; a rerun that failed (its worker SIGKILLed at its first step) left the run with no record at all."""
+    cfg = tiny(tmp_path, nproc_per_node=1, steps=10)
+    flag_first_attempts(monkeypatch, [cfg])
+    aside = records.set_aside
+
+    def set_aside_then_arm_a_kill(run_dir):  # the rerun's fresh launch inherits the fault; the first attempt did not
+        monkeypatch.setenv("KANLIB_FAULT", f"kill@0:0#{cfg.run_key()[-10:]}")
+        return aside(run_dir)
+
+    monkeypatch.setattr(records, "set_aside", set_aside_then_arm_a_kill)
+    res = run_sweep([cfg], progress=False, timeout_s=120, keep_groups=False)
+    assert res.ok and res.rerun == 1 and res.disturbed == 1, res
+    [(failed_cfg, why)] = res.rerun_failures
+    assert failed_cfg is cfg and why.startswith("failed: ") and "SIGKILL" in why, why
+    [rec] = res.records
+    assert rows_of(cfg) == ["ok", "disturbed", "failed"]
+    # the earlier complete attempt is the run's record again, with its own steps; nothing is pending
+    on_disk = records.read_record(os.path.join(cfg.run_dir(), records.RECORD_NAME))
+    assert on_disk["run_id"] == rec["run_id"] and not on_disk.get("earlier_attempts")
+    assert load.load_steps(cfg.run_dir()).step.tolist() == list(range(10))
+    assert not os.path.exists(os.path.join(cfg.run_dir(), records.ATTEMPTS_DIR, records.RERUN_MARK))
+    # the analysis finds it (and leaves it out as disturbed only by its policy)
+    assert load.load_records(str(tmp_path), disturbed="keep").run_id.tolist() == [rec["run_id"]]
+    # which row is the run's: its last ok row of the record's launch, here the first attempt's
+    rows = manifest_rows(cfg)
+    assert records.row_of_record(rows, on_disk) is rows[0] or records.row_of_record(rows, on_disk) == rows[0]
+
+
+KILLED_AFTER_SET_ASIDE = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+    from kanlib import records
+    from runhelp import tiny
+    from runners.sweep import run_sweep
+    cfg = tiny({out!r}, nproc_per_node=1, steps=10)
+    records.disturbance = lambda rec: "flagged by the test" if not rec.get("earlier_attempts") else ""
+    aside = records.set_aside
+    def set_aside_then_die(run_dir):
+        aside(run_dir)
+        os.kill(os.getpid(), signal.SIGKILL)  # the sweep dies between the set-aside and the rerun
+    records.set_aside = set_aside_then_die
+    run_sweep([cfg], progress=False, timeout_s=120)
+""")
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_between_set_aside_and_rerun_loses_nothing_and_the_next_reruns_it_once(tmp_path, monkeypatch):
+    """Issue 34, items 1 and 4: a sweep killed after setting a disturbed record aside left the run without a record;
+    a resumed sweep must find the record in place and run it again, once."""
+    script = KILLED_AFTER_SET_ASIDE.format(root=ROOT, tests=os.path.join(ROOT, "tests"), out=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    cfg = tiny(tmp_path, nproc_per_node=1, steps=10)
+    first = records.read_record(os.path.join(cfg.run_dir(), records.RECORD_NAME))  # still the run's record
+    assert load.load_records(str(tmp_path), disturbed="keep").run_id.tolist() == [first["run_id"]]
+    assert rows_of(cfg) == ["ok"]
+    flag_first_attempts(monkeypatch, [cfg])
+    res = run_sweep([cfg], progress=False, timeout_s=120)
+    assert res.ok and res.skipped == 1 and res.rerun == 1 and res.disturbed == 0, res
+    [rec] = res.records
+    assert [a["run_id"] for a in rec["earlier_attempts"]] == [first["run_id"]]
+    assert rows_of(cfg) == ["ok", "disturbed", "ok"]
+    assert not os.path.exists(os.path.join(cfg.run_dir(), records.ATTEMPTS_DIR, records.RERUN_MARK))
+    again = run_sweep([cfg], progress=False, timeout_s=120)  # a rerun is not run again
+    assert again.skipped == 1 and again.rerun == 0 and again.launches == 0
+    assert rows_of(cfg) == ["ok", "disturbed", "ok"]
+
+
+@pytest.mark.slow
+def test_a_resumed_sweep_reruns_a_disturbed_record_an_earlier_sweep_left_once(tmp_path, monkeypatch):
+    """Issue 34, item 4: skip_done took any valid record as done, so a disturbed run an interrupted (or
+    rerun_disturbed=False) sweep finished was never run again and stayed out of every analysis."""
+    cfgs = [tiny(tmp_path, nproc_per_node=1, steps=10, seed=s) for s in (1, 2)]
+    flag_first_attempts(monkeypatch, cfgs[:1])
+    first = run_sweep(cfgs, progress=False, timeout_s=120, rerun_disturbed=False)
+    assert first.ok and first.disturbed == 1 and first.rerun == 0
+    res = run_sweep(cfgs, progress=False, timeout_s=120)
+    assert res.ok and res.skipped == 2 and res.rerun == 1 and res.disturbed == 0, res
+    rec = {r["run_key"]: r for r in res.records}[cfgs[0].run_key()]
+    assert len(rec["earlier_attempts"]) == 1
+    assert rows_of(cfgs[0]) == ["ok", "disturbed", "ok"] and rows_of(cfgs[1]) == ["ok"]
+    # which row is the run's: the last ok row (the rerun's launch), not the set-aside attempt's
+    rows = manifest_rows(cfgs[0])
+    mine = [r for r in rows if r["run_key"] == cfgs[0].run_key()]
+    assert records.row_of_record(rows, rec)["launch_id"] == mine[-1]["launch_id"] != mine[0]["launch_id"]
+    assert run_sweep(cfgs, progress=False, timeout_s=120).rerun == 0  # once
+    assert rows_of(cfgs[0]) == ["ok", "disturbed", "ok"]
+
+
+OTHER_SWEEP = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+    from runhelp import tiny
+    from runners.launch import run
+    rec = run(tiny({out!r}, nproc_per_node=1, steps=10), echo=False, timeout_s=120)  # runs the point again
+    print("RESULT", rec["run_id"], flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_sweep_holding_a_stale_disturbed_record_leaves_another_sweeps_fresh_record_alone(tmp_path, monkeypatch):
+    """Issue 34, item 3: sweep B decided to rerun from the record it held in memory; another sweep had run the
+    point again meanwhile (here: runners.launch.run), and B moved that fresh record into attempts/, labelled it disturbed and ran a third time."""
+    cfg = tiny(tmp_path, nproc_per_node=1, steps=10)
+    script = OTHER_SWEEP.format(root=ROOT, tests=os.path.join(ROOT, "tests"), out=str(tmp_path))
+    seen: dict = {}
+
+    def disturbance(rec):
+        # B's own first record is disturbed; the first time B judges it, another sweep runs the point again
+        seen.setdefault("first", rec.get("run_id"))
+        if rec.get("run_id") != seen["first"]:
+            return ""
+        if "other" not in seen:
+            seen["other"] = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                           timeout=300).stdout
+        return "flagged by the test"
+
+    monkeypatch.setattr(records, "disturbance", disturbance)
+    res = run_sweep([cfg], progress=False, timeout_s=120)
+    on_disk = records.read_record(os.path.join(cfg.run_dir(), records.RECORD_NAME))
+    assert f"RESULT {on_disk['run_id']}" in seen["other"] and on_disk["run_id"] != seen["first"], seen
+    assert res.ok and res.rerun == 0 and [r["run_id"] for r in res.records] == [on_disk["run_id"]], res
+    assert rows_of(cfg) == ["ok", "ok"]  # no disturbed row for the other sweep's attempt, no third run
+    assert not os.path.isdir(os.path.join(cfg.run_dir(), records.ATTEMPTS_DIR))
+
+
+def test_a_full_disk_when_writing_a_plan_stops_the_sweep_with_a_message_and_its_row(tmp_path, monkeypatch):
+    """Issue 34, item 12: a full disk in write_plan ended the sweep in a traceback, with no sweeps.jsonl row."""
+    import errno
+
+    from kanlib import worker
+    from runners.sweep import SweepStopped
+
+    def full(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(worker, "write_plan", full)
+    cfgs = [tiny(tmp_path, seed=s) for s in (1, 2)]
+    with pytest.raises(SweepStopped, match=r"^sweep stopped: OSError: \[Errno 28\] No space left on device: '.*plan"
+                                           r"\.json'; 0 of 2 runs have a record, 0 failed, the others did not run\. "
+                                           r"Nothing written before was lost"):
+        run_sweep(cfgs, progress=False, timeout_s=120)
+    [row] = records.read_jsonl(os.path.join(str(tmp_path), cfgs[0].study, records.SWEEPS_NAME))
+    assert row["n_runs"] == 2 and row["n_ok"] == 0 and row["n_failed"] == 0 and row["n_launches"] == 0
+    for cfg in cfgs:  # no lock left held: a rerun takes them at once
+        lock = records.RunLock(cfg.run_dir())
+        assert lock.acquire(wait=False)
+        lock.release()
+
+
+def test_a_sweep_on_a_really_full_disk_stops_with_a_message(full_disk):
+    from conftest import fill_disk
+    from runners.sweep import SweepStopped
+
+    cfg = tiny(full_disk)
+    fill_disk(full_disk)
+    with pytest.raises(SweepStopped, match=r"^sweep stopped: OSError: .*0 of 1 runs have a record"):
+        run_sweep([cfg], progress=False, timeout_s=120)
+
+
+SLOW_START = textwrap.dedent("""
+    # A worker group's processes start slowly (the sweep is interrupted while they do); nothing else changes.
+    import time
+    with open("/proc/self/cmdline", "rb") as f:
+        if b"kanlib.worker" in f.read():
+            time.sleep(30)
+""")
+
+
+@pytest.mark.slow
+def test_a_sweep_interrupted_while_its_launch_starts_records_the_run_preempted_not_failed(tmp_path):
+    """Issue 34, item 12: SIGTERM to a sweep during a launch's start-up recorded the run that never began as
+    failed."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW_START)
+    script = SWEEP_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"), out=str(tmp_path / "out"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(slow), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        from runners.supervisor import descendants
+
+        def workers() -> bool:
+            for p in descendants(proc.pid):
+                try:
+                    with open(f"/proc/{p}/cmdline", "rb") as f:
+                        if b"kanlib.worker" in f.read():
+                            return True
+                except OSError:
+                    pass
+            return False
+
+        deadline = time.monotonic() + 90
+        while not workers() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert workers(), "the sweep never started its launch"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    cfg = tiny(tmp_path / "out", steps=10, seed=0, checkpoint_every=5)
+    [row] = manifest_rows(cfg)
+    assert (row["run_key"], row["status"]) == (cfg.run_key(), "preempted"), row
+    assert row["error"] == "the runner was interrupted (SweepInterrupted) before the run began"
