@@ -1,6 +1,7 @@
 """The shared analysis machinery: reading records once (bad files named, code versions never pooled),
 statistics, the checks a guideline makes, and what the analysis imports."""
 
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from synthetic import strong_records, write_records
+from synthetic import rec, strong_records, write_records
 
 from kanlib import guidelines
 from kanlib.analysis import load, stats
@@ -262,3 +263,22 @@ def test_newest_code_is_this_checkouts_not_a_copied_in_record_that_finished_last
     # neither: the version with the most records, the latest finish only between equals
     assert set(load.load_records(str(tmp_path))["code_version"]) == {"ours"}
     assert load.newest_code(pd.DataFrame(ours[:1] + copied)) == "theirs"
+
+
+def test_a_run_whose_rerun_was_killed_keeps_its_set_aside_record_in_the_analysis(tmp_path):
+    # a sweep SIGKILLed while it reran a disturbed run: the rerun's start removed record.json and no sweep has put
+    # the set-aside copy back yet; the run's only complete record must still be read (once), and once the rerun's
+    # own record stands, the copy is an earlier attempt and is not read
+    from kanlib import records
+
+    write_records(tmp_path, [rec(world_size=1, run_id=f"r{r}", step_time_s=0.01, repeat=r, global_batch=64) for r in range(2)])
+    run_dir = os.path.join(tmp_path, "strong_scaling", "run0")
+    assert records.set_aside(run_dir)
+    os.remove(os.path.join(run_dir, "record.json"))  # what the rerun's start does
+    found = load.find_record_files(str(tmp_path))
+    assert os.path.join(run_dir, "attempts", "r0.json") in found and len(found) == 2
+    assert len(load.read(str(tmp_path)).runs) == 2
+    with open(os.path.join(run_dir, "record.json"), "w") as f:  # the rerun completed
+        json.dump(rec(world_size=1, run_id="second", step_time_s=0.01, global_batch=64), f)
+    found = load.find_record_files(str(tmp_path))
+    assert os.path.join(run_dir, "record.json") in found and len(found) == 2

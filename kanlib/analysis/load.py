@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from kanlib.records import (BENCH_KIND, disturbance, MANIFEST_NAME, RECORD_NAME, STEP_COLUMNS, STEPS_NAME, RecordError,
+from kanlib.records import (ATTEMPTS_DIR, BENCH_KIND, RERUN_MARK, disturbance, MANIFEST_NAME, RECORD_NAME, STEP_COLUMNS,
+                            STEPS_NAME, RecordError,
                             check_bench_record, check_record, read_manifest_rows, read_steps_rows)
 
 
@@ -46,8 +47,23 @@ DISTURBED_POLICIES = ("leave_out", "keep")
 
 
 def find_record_files(root: str) -> list[str]:
-    """Every ``record.json`` below ``root`` (sorted)."""
-    return sorted(glob.glob(os.path.join(root, "**", RECORD_NAME), recursive=True))
+    """Every run's record below ``root`` (sorted): its ``record.json``, or, for a run whose rerun of a disturbed
+    attempt is pending (the sweep that started it was killed while the rerun ran, so the rerun's start removed
+    ``record.json`` and no sweep has put it back yet: docs/faults.md, "Disturbed runs"), the set-aside copy that
+    ``attempts/rerun-pending`` names: a run's only complete record is never out of the analysis."""
+    found = glob.glob(os.path.join(root, "**", RECORD_NAME), recursive=True)
+    for mark in glob.glob(os.path.join(root, "**", ATTEMPTS_DIR, RERUN_MARK), recursive=True):
+        keep = os.path.dirname(mark)
+        if os.path.exists(os.path.join(os.path.dirname(keep), RECORD_NAME)):
+            continue
+        try:
+            with open(mark) as f:
+                copy = os.path.join(keep, f"{f.read().strip()}.json")
+        except OSError:
+            continue
+        if os.path.exists(copy):
+            found.append(copy)
+    return sorted(found)
 
 
 def read_json(path: str):
