@@ -40,9 +40,9 @@ world_sizes: list[int] = []  # instead of placements: N processes as N / procs_p
 procs_per_node: int = 0  # with world_sizes: 0 puts all processes on one node
 bucket_caps_mb: list[float] = [25.0]  # DDP bucket sizes in MiB
 nccl_algos: list[str] = [""]  # e.g. ["Ring", "Tree"] on NCCL; "" lets NCCL choose
-comm_hooks: list[str] = ["bf16"]  # compressed hooks beside plain DDP: bf16 | fp16 | powersgd
-powersgd_rank: int = 1  # rank of PowerSGD's low-rank gradient approximation
-options: list[dict] = []  # DDP settings beside plain DDP, e.g. {"static_graph": True}, {"gradient_as_bucket_view": True}
+repeats: int = 1  # separate runs per point
+comm_hooks: list[str] = ["bf16"]  # compressed hooks beside plain DDP: bf16 | fp16 | powersgd (config's powersgd_rank)
+options: list[dict] = []  # DDP settings beside plain DDP, e.g. {"static_graph": True}, {"grad_accum_steps": 2}
 option_placements: list[str] = ["1x2"]  # where the hooks and options run
 option_repeats: int = 1  # separate runs per option (their validation losses are deterministic)
 option_bucket_caps_mb: list[float] = [25.0]  # bucket sizes of the option runs
@@ -51,28 +51,12 @@ emulate_bandwidth_bytes_per_s: float = 0.0  # emulated inter-node bandwidth (0 f
 emulate_placements: list[str] = []  # multi-node placements also run through the emulated link
 emulate_bucket_caps_mb: list[float] = [25.0]  # bucket sizes of the emulated-link DDP runs
 collbench_placements: list[str] = ["1x2"]  # collective-benchmark placements (the machine's own links)
-collbench_max_bytes: int = 4194304  # largest benchmark message in bytes (at least the largest bucket)
-collbench_size_factor: int = 4  # each benchmark message is this many times the previous one
-collbench_iters: int = 10  # timed all-reduces per message size
 collbench_repeats: int = 1  # benchmark runs per placement
-model: str = "kan"  # kan | kan_rbf | kan_cheb | mlp
-kan_impl: str = "compiled"  # compiled (falls back to fast with a warning) | fast | reference
-widths: list[int] = [2, 64, 64, 1]  # layer widths, input first
-grid_size: int = 5  # spline grid intervals
-task: str = "exp_sin"  # exp_sin | highdim | product | digits | diabetes | feynman:<name> | file
-global_batch: int = 256  # samples per step summed over all processes
-steps: int = 12  # optimizer steps, warm-up included
-warmup_steps: int = 3  # steps excluded from timing
-optimizer: str = "adam"  # adam | sgd | lbfgs; this study times steps, not a converged model (README: recipes)
-lr: float = 0.001  # learning rate (the options are compared at the same one)
-repeats: int = 1  # separate runs per point
-n_train: int = 16384  # training samples generated from the seed (task file: at most this many rows)
-n_val: int = 2048  # held-out validation samples (digits: below 1797, diabetes: below 442)
-data_path: str = ""  # task file: a CSV (header, numeric columns) or .npz (x, y) of real data
-target: str = ""  # task file, CSV: the target column (default: the last one)
-threads: int = 1  # torch threads per process
-backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
-device: str = "auto"  # auto | cpu | cuda
+config: dict = {}  # RunConfig fields not swept (kanlib/config.py), over base_config; e.g. {"steps": 40}
+base_config: dict = {"widths": [2, 64, 64, 1], "global_batch": 256, "steps": 12, "warmup_steps": 3,
+                     "optimizer": "adam", "lr": 0.001,
+                     "n_train": 16384}  # under config: tiny, for CI; a parameter set's launch.yaml replaces them all
+bench_config: dict = {"max_bytes": 4194304, "size_factor": 4, "iters": 10}  # BenchConfig fields (kanlib/collbench.py)
 launcher: str = "local"  # local (torchrun here; NxP with N > 1 runs N torchruns here) | multinode | slurm
 launcher_opts: dict = {}  # slurm site settings, e.g. {"partition": "gpu", "gpus_per_node": 4, "time_limit": "00:30:00"}
 out_dir: str = "../outputs"  # records go to out_dir/<study>/<run_key>/
@@ -82,24 +66,22 @@ rerun_disturbed: bool = True  # run once more, at the end of its round, a run wh
 # %%
 import pandas as pd
 
-from kanlib.collbench import BenchConfig
-from runners import notebook, plans as studies  # runners/plans.py: the config builders of each study
+from runners import notebook, plans  # runners/plans.py: the config builders of each study
 from runners.sweep import SUMMARY_COLUMNS, run_sweep
 
-params = notebook.check_parameters(globals())
-base = notebook.base_config(params, emulate_latency_s=0.0, emulate_bandwidth_bytes_per_s=0.0)
-sweep = dict(nccl_algos=nccl_algos, repeats=repeats)
-configs = studies.communication(world_sizes or None, base, bucket_caps_mb=bucket_caps_mb, procs_per_node=procs_per_node,
-                                placements=None if world_sizes else placements, **sweep)
+notebook.check_parameters(globals())
+base = plans.settings(base_config, config, out_dir=out_dir)  # RunConfig fields; the plan builds the configs
+configs = plans.communication(world_sizes or None, base, bucket_caps_mb=bucket_caps_mb, nccl_algos=nccl_algos,
+                              repeats=repeats, procs_per_node=procs_per_node,
+                              placements=None if world_sizes else placements)
 # the data-parallel options, each beside plain DDP and its no-op twin, after the same samples
-configs += studies.communication_options(base, option_placements, option_bucket_caps_mb, comm_hooks, options,
-                                         nccl_algos=nccl_algos, repeats=option_repeats)
-# the known signal: DDP runs and the collective benchmark through an emulated inter-node link
-bench_base = BenchConfig(out_dir=out_dir, backend=backend, device=device, threads=threads, max_bytes=collbench_max_bytes,
-                         size_factor=collbench_size_factor, iters=collbench_iters)
-emulated, bench = studies.calibration(base, bench_base, emulate_placements, emulate_latency_s,
-                                      emulate_bandwidth_bytes_per_s, emulate_bucket_caps_mb, collbench_placements,
-                                      nccl_algos=nccl_algos, repeats=repeats, bench_repeats=collbench_repeats)
+configs += plans.communication_options(base, option_placements, option_bucket_caps_mb, comm_hooks, options,
+                                       nccl_algos=nccl_algos, repeats=option_repeats)
+# the known signal: DDP runs and the collective benchmark (bench_config, on the runs' machine settings) through an
+# emulated inter-node link
+emulated, bench = plans.calibration(base, bench_config, emulate_placements, emulate_latency_s,
+                                    emulate_bandwidth_bytes_per_s, emulate_bucket_caps_mb, collbench_placements,
+                                    nccl_algos=nccl_algos, repeats=repeats, bench_repeats=collbench_repeats)
 configs += emulated
 print(f"{len({c.run_key() for c in configs})} training runs and {len({c.run_key() for c in bench})} benchmark runs")
 

@@ -23,29 +23,16 @@
 # names the size from which FSDP pays (or says the data show none). Records go to `out_dir/model_size/`.
 
 # %% tags=["parameters"]
-hidden_widths: list[int] = [8]  # hidden layer widths
+hidden_widths: list[int] = [8]  # hidden layer widths (input and output: config's widths, first and last)
 depths: list[int] = [2]  # numbers of hidden layers
 grid_sizes: list[int] = [5]  # spline grid intervals
 with_mlp: bool = True  # add a matched-parameter MLP per KAN
 parallelisms: list[str] = ["ddp"]  # ddp | fsdp (each size under each)
 placements: list[str] = ["1x2"]  # N nodes x P processes per node; FSDP shards over all N x P processes
-model: str = "kan"  # the KAN kind: kan | kan_rbf | kan_cheb
-kan_impl: str = "compiled"  # compiled (falls back to fast with a warning) | fast | reference
-widths: list[int] = [2, 1]  # input and output width (hidden layers come from hidden_widths)
-task: str = "exp_sin"  # exp_sin | highdim | product | digits | diabetes | feynman:<name> | file
-global_batch: int = 256  # samples per step
-steps: int = 10  # optimizer steps, warm-up included
-warmup_steps: int = 3  # steps excluded from timing
-optimizer: str = "adam"  # adam | sgd | lbfgs; this study times steps, not a converged model (README: recipes)
-lr: float = 0.001  # learning rate (adam, sgd; lbfgs: 1.0)
 repeats: int = 1  # separate runs per point
-n_train: int = 16384  # training samples generated from the seed (task file: at most this many rows)
-n_val: int = 2048  # held-out validation samples (digits: below 1797, diabetes: below 442)
-data_path: str = ""  # task file: a CSV (header, numeric columns) or .npz (x, y) of real data
-target: str = ""  # task file, CSV: the target column (default: the last one)
-threads: int = 1  # torch threads per process
-backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
-device: str = "auto"  # auto | cpu | cuda
+config: dict = {}  # RunConfig fields not swept (kanlib/config.py), over base_config; e.g. {"steps": 40}
+base_config: dict = {"global_batch": 256, "steps": 10, "warmup_steps": 3, "optimizer": "adam", "lr": 0.001,
+                     "n_train": 16384}  # under config: tiny, for CI; a parameter set's launch.yaml replaces them all
 launcher: str = "local"  # local (torchrun here; NxP with N > 1 runs N torchruns here) | multinode | slurm
 launcher_opts: dict = {}  # slurm site settings, e.g. {"partition": "gpu", "gpus_per_node": 4, "time_limit": "00:30:00"}
 out_dir: str = "../outputs"  # records go to out_dir/<study>/<run_key>/
@@ -55,13 +42,13 @@ rerun_disturbed: bool = True  # run once more, at the end of its round, a run wh
 # %%
 import pandas as pd
 
-from runners import notebook, plans as studies  # runners/plans.py: the config builders of each study
+from runners import notebook, plans  # runners/plans.py: the config builders of each study
 from runners.sweep import SUMMARY_COLUMNS, run_sweep
 
-params = notebook.check_parameters(globals())
-base = notebook.base_config(params)
-configs = studies.model_size(hidden_widths, base, grid_sizes=grid_sizes, depths=depths, with_mlp=with_mlp,
-                             repeats=repeats, parallelisms=parallelisms, placements=placements)
+notebook.check_parameters(globals())
+base = plans.settings(base_config, config, out_dir=out_dir)  # RunConfig fields; the plan builds the configs
+configs = plans.model_size(hidden_widths, base, grid_sizes=grid_sizes, depths=depths, with_mlp=with_mlp,
+                           repeats=repeats, parallelisms=parallelisms, placements=placements)
 print(f"{len(configs)} runs")
 
 # %%

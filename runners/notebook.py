@@ -1,5 +1,5 @@
-"""What the study notebooks call, so they stay thin: parameter checking, the base config, and the
-notebook files themselves.
+"""What the study notebooks call, so they stay thin: parameter checking and the notebook files themselves (a launch
+notebook's RunConfig fields go to its plan as mappings: runners.plans.settings).
 
 The notebooks' source of truth is ``notebooks/*.py`` in jupytext's percent format (reviewable text;
 JupyterLab opens and edits them with jupytext, and they never hold outputs). papermill and nbval run
@@ -176,17 +176,6 @@ def _coerce_dict(v, fail) -> dict:
         if isinstance(d, dict):
             return d
     fail()
-
-
-def base_config(params: dict, **overrides):
-    """A :class:`kanlib.config.RunConfig` from every parameter that is a RunConfig field (``widths``
-    as a tuple), with ``overrides``; a bad value raises kanlib's ConfigError naming the field."""
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(config.RunConfig)}
-    kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items() if k in names}
-    kw.update(overrides)
-    return config.RunConfig(**kw)
 
 
 # -- notebook files --------------------------------------------------------------------------

@@ -2,15 +2,87 @@
 its module in kanlib/studies/).
 
 Every point is repeated ``repeats`` times (separate processes, ``repeat`` = 0..repeats-1); ``base``
-carries everything a study does not vary (model, task, steps, out_dir, ...). Where a study spans process
-counts it takes ``placements``: ``"NxP"`` strings (N nodes x P processes per node), so one world size can
-be measured at several placements (``["1x1", "1x2", "2x1"]``: 2 processes on one node and on two). The
-older ``world_sizes`` (+ ``procs_per_node``) form is still accepted and becomes placements.
+carries everything a study does not vary (model, task, steps, out_dir, ...): a RunConfig, or a mapping of
+RunConfig fields (what a launch notebook's ``config`` holds, see :func:`settings`), turned into one by the
+RunConfig's own defaults and checks. A field the plan sets itself (the study, the placement, what it sweeps) is
+refused in such a mapping, naming the parameter that sets it, rather than silently replaced.
+
+Where a study spans process counts it takes ``placements``: ``"NxP"`` strings (N nodes x P processes per
+node), so one world size can be measured at several placements (``["1x1", "1x2", "2x1"]``: 2 processes on one
+node and on two). The older ``world_sizes`` (+ ``procs_per_node``) form is still accepted and becomes placements.
 """
 
 from __future__ import annotations
 
-from kanlib.config import ConfigError, RunConfig, parse_placement
+import dataclasses
+import difflib
+import typing
+from collections.abc import Mapping
+
+from kanlib.config import ConfigError, RunConfig, parse_placement, parse_text
+
+# What every plan sets itself (the config's field -> the parameter that sets it)
+_PLACED = {"study": "the study's plan", "nnodes": "placements", "nproc_per_node": "placements", "repeat": "repeats"}
+
+
+def check_fields(origin: str, values, cls=RunConfig) -> dict:
+    """``values`` (a mapping of ``cls`` fields, as a notebook parameter or a YAML parameter file gives it) as a dict:
+    a key that is not a field of ``cls`` is a :class:`ConfigError` naming ``origin`` (the parameter it came from),
+    the key and the closest field; a string for a field of another type is read as the command line reads it
+    (YAML reads ``1e-3`` as a string). The values are checked when the config is built."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{origin}: expected a mapping of {cls.__name__} fields, e.g. {{'steps': 40}}, "
+                          f"got {values!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    out = {}
+    for key, v in values.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            raise ConfigError(f"{origin}: {key!r} is not a {cls.__name__} field"
+                              + (f" (did you mean {close[0]!r}?)" if close else "")
+                              + f"; its fields: {', '.join(names)}")
+        out[key] = parse_text(key, v, hints[key]) if isinstance(v, str) and hints[key] is not str else v
+    return out
+
+
+def settings(base_config: Mapping | None = None, config: Mapping | None = None, **fields) -> dict:
+    """The RunConfig fields a launch notebook gives its plan: ``base_config`` (the notebook's tiny defaults, or the one
+    mapping its parameter set's launch.yaml gives every launch notebook), then ``config`` over it (the notebook's
+    own settings: a key in both takes ``config``'s value), then ``fields`` (``out_dir``). Each key is checked by
+    :func:`check_fields`, naming the parameter it came from; every field not given takes RunConfig's default when
+    the plan builds its base config."""
+    out = check_fields("base_config", base_config or {})
+    out.update(check_fields("config", config or {}))
+    for key, v in fields.items():
+        out.update(check_fields(key, {key: v}))
+    return out
+
+
+def _base(base, sets: Mapping[str, str] = (), first: Mapping | None = None) -> RunConfig:
+    """``base`` as a RunConfig: itself, RunConfig's defaults for None, or a RunConfig built from a mapping of its
+    fields, where a field in ``sets`` (field -> the plan's parameter that sets it) is refused. Such a base takes
+    ``first``, the plan's first point's values of the fields it sets, so it is checked as a run of the study (not
+    with a default the plan replaces anyway, as a global batch beyond the data or widths that do not fit the task)."""
+    if base is None:
+        return RunConfig(**(first or {}))
+    if isinstance(base, RunConfig):
+        return base
+    values = check_fields("config", base)
+    sets = {**_PLACED, **dict(sets)}
+    for key in values:
+        if key in sets:
+            raise ConfigError(f"config: {key!r} is set by the plan ({sets[key]}); set it there, not in config")
+    return RunConfig(**{**(first or {}), **values})
+
+
+# What the communication plans set: the sweep and the emulated link (on multi-node placements only)
+_COMM_SETS = {"bucket_cap_mb": "bucket_caps_mb", "nccl_algo": "nccl_algos", "comm_hook": "comm_hooks",
+              "emulate_latency_s": "emulate_latency_s",
+              "emulate_bandwidth_bytes_per_s": "emulate_bandwidth_bytes_per_s"}
+# The machine settings a calibration's collective benchmark takes from its training runs
+BENCH_SHARED = ("out_dir", "backend", "device", "threads", "cpu_affinity", "pg_timeout_s")
+
 
 def _split(world_size: int, procs_per_node: int | None) -> tuple[int, int]:
     """World size as nodes x processes per node (all on one node unless ``procs_per_node`` > 0)."""
@@ -58,14 +130,17 @@ def _unique(cfgs: list) -> list:
     return out
 
 
-def strong_scaling(world_sizes=None, base: RunConfig | None = None, repeats: int = 1,
+def strong_scaling(world_sizes=None, base: RunConfig | Mapping | None = None, repeats: int = 1,
                    procs_per_node: int | None = None, placements=None, global_batches=None, widths_list=None,
                    paired: bool = False):
     """Fixed global batch, growing process count, at each placement. ``global_batches`` and
     ``widths_list`` (optional) add points of more or less work per process: each (widths, batch) is its
     own strong-scaling series, from latency-bound to compute-bound. Every width with every batch, or with
     ``paired`` the i-th widths with the i-th batch (equal lengths)."""
-    base = base or RunConfig()
+    base = _base(base, {**({"global_batch": "global_batches"} if global_batches else {}),
+                        **({"widths": "widths_list"} if widths_list else {})},
+                 first={**({"global_batch": int(global_batches[0])} if global_batches else {}),
+                        **({"widths": tuple(widths_list[0])} if widths_list else {})})
     batches = [int(b) for b in (global_batches or [base.global_batch])]
     widths = [tuple(w) for w in (widths_list or [base.widths])]
     if paired:
@@ -83,11 +158,12 @@ def strong_scaling(world_sizes=None, base: RunConfig | None = None, repeats: int
     return _repeat(cfgs, repeats)
 
 
-def weak_scaling(world_sizes=None, base: RunConfig | None = None, per_process_batches=(64,), repeats: int = 1,
-                 procs_per_node: int | None = None, placements=None):
+def weak_scaling(world_sizes=None, base: RunConfig | Mapping | None = None, per_process_batches=(64,),
+                 repeats: int = 1, procs_per_node: int | None = None, placements=None):
     """Fixed per-process batch, growing process count (global batch = per-process batch x N). Every point
     trains on the same data set (n_train large enough for the largest global batch)."""
-    base = base or RunConfig()
+    base = _base(base, {"global_batch": "per_process_batches"},
+                 first={"global_batch": int(per_process_batches[0])} if per_process_batches else None)
     points = placements_of(world_sizes, placements, procs_per_node)
     n_train = max([base.n_train] + [int(b) * n * p for b in per_process_batches for n, p in points])
     cfgs = []
@@ -98,14 +174,14 @@ def weak_scaling(world_sizes=None, base: RunConfig | None = None, per_process_ba
     return _repeat(cfgs, repeats)
 
 
-def communication(world_sizes=None, base: RunConfig | None = None, bucket_caps_mb=(25.0,), nccl_algos=("",),
-                  repeats: int = 1, procs_per_node: int | None = None, placements=None, comm_hooks=("timed",),
-                  emulate_latency_s: float = 0.0, emulate_bandwidth_bytes_per_s: float = 0.0):
+def communication(world_sizes=None, base: RunConfig | Mapping | None = None, bucket_caps_mb=(25.0,),
+                  nccl_algos=("",), repeats: int = 1, procs_per_node: int | None = None, placements=None,
+                  comm_hooks=("timed",), emulate_latency_s: float = 0.0, emulate_bandwidth_bytes_per_s: float = 0.0):
     """For each placement, bucket size, NCCL algorithm and communication hook: one run with that hook
     (timed all-reduce, or bf16/fp16/powersgd) and one with the no-op hook, so exposed communication =
     T_hook - T_noop (kanlib.studies.communication). Single-process placements are skipped (nothing to communicate).
     ``emulate_*`` put an emulated inter-node link under the multi-node placements (kanlib.hooks)."""
-    base = base or RunConfig()
+    base = _base(base, _COMM_SETS)
     cfgs = []
     for algo in nccl_algos:
         for cap in bucket_caps_mb:
@@ -122,13 +198,13 @@ def communication(world_sizes=None, base: RunConfig | None = None, bucket_caps_m
     return _repeat(_unique(cfgs), repeats)
 
 
-def communication_options(base: RunConfig | None = None, placements=("1x2",), bucket_caps_mb=(25.0,),
+def communication_options(base: RunConfig | Mapping | None = None, placements=("1x2",), bucket_caps_mb=(25.0,),
                           comm_hooks=("bf16", "powersgd"), options=(), nccl_algos=("",), repeats: int = 1):
     """Each data-parallel option beside plain DDP (the timed all-reduce), each with its no-op twin: the
     communication hooks in ``comm_hooks`` and the DDP settings in ``options`` (dicts of RunConfig fields, e.g.
     ``{"grad_accum_steps": 2}``, ``{"static_graph": True}``), all after the same samples so their validation
     losses compare. Runs that repeat plain DDP's appear once."""
-    base = base or RunConfig()
+    base = _base(base, _COMM_SETS)
     for o in options:
         if not isinstance(o, dict) or not o:
             raise ConfigError(f"options: each option is a dict of RunConfig fields, got {o!r}")
@@ -140,20 +216,32 @@ def communication_options(base: RunConfig | None = None, placements=("1x2",), bu
     return _unique(cfgs)
 
 
-def calibration(base: RunConfig | None = None, bench_base=None, placements=("2x1",), emulate_latency_s: float = 0.005,
-                emulate_bandwidth_bytes_per_s: float = 0.0, bucket_caps_mb=(25.0,), bench_placements=("1x2", "2x1"),
-                nccl_algos=("",), repeats: int = 1, bench_repeats: int = 1):
+def calibration(base: RunConfig | Mapping | None = None, bench_base=None, placements=("2x1",),
+                emulate_latency_s: float = 0.005, emulate_bandwidth_bytes_per_s: float = 0.0, bucket_caps_mb=(25.0,),
+                bench_placements=("1x2", "2x1"), nccl_algos=("",), repeats: int = 1, bench_repeats: int = 1):
     """The known-signal calibration: DDP runs (timed, and their no-op twins) through an emulated inter-node link at
     the multi-node ``placements``, and the collective benchmark at ``bench_placements`` (the machine's own links)
     and at the same multi-node placements through the same emulated link, so the fitted inter-node constants can
-    be compared with what was injected. Returns ``(training configs, benchmark configs)``."""
+    be compared with what was injected. Returns ``(training configs, benchmark configs)``.
+
+    ``bench_base`` is a BenchConfig, or a mapping of BenchConfig fields (a notebook's ``bench_config``) completed
+    with the training runs' machine settings (:data:`BENCH_SHARED`: out_dir, backend, device, threads, ...); None
+    is the empty mapping."""
     from kanlib.collbench import BenchConfig
 
-    base = base or RunConfig()
-    bench_base = bench_base or BenchConfig()
+    base = _base(base, _COMM_SETS)
+    if not isinstance(bench_base, BenchConfig):
+        values = check_fields("bench_config", bench_base or {}, BenchConfig)
+        for key in values:
+            if key in (*BENCH_SHARED, *_PLACED, "nccl_algo", "nccl_proto", "emulate_latency_s",
+                       "emulate_bandwidth_bytes_per_s"):
+                raise ConfigError(f"bench_config: {key!r} is set by the plan (the training runs' config, placements, "
+                                  f"nccl_algos or the emulated link); set it there")
+        bench_base = BenchConfig(**{k: getattr(base, k) for k in BENCH_SHARED}, **values)
     # no emulated placement (the notebooks' CI defaults): only the benchmark of the machine's own links
     runs = communication(base=base, placements=placements, bucket_caps_mb=bucket_caps_mb, nccl_algos=nccl_algos,
-                         emulate_latency_s=emulate_latency_s, emulate_bandwidth_bytes_per_s=emulate_bandwidth_bytes_per_s,
+                         emulate_latency_s=emulate_latency_s,
+                         emulate_bandwidth_bytes_per_s=emulate_bandwidth_bytes_per_s,
                          repeats=repeats) if placements else []
     multi = [p for p in placements if parse_placement(p)[0] > 1]
     bench = collbench(bench_placements, bench_base, algos=nccl_algos, repeats=bench_repeats)
@@ -163,17 +251,19 @@ def calibration(base: RunConfig | None = None, bench_base=None, placements=("2x1
     return runs, bench
 
 
-def model_size(width_list, base: RunConfig | None = None, grid_sizes=(5,), depths=None, with_mlp: bool = True,
-               repeats: int = 1, world_size: int = 1, parallelisms=("ddp",), placements=None):
+def model_size(width_list, base: RunConfig | Mapping | None = None, grid_sizes=(5,), depths=None,
+               with_mlp: bool = True, repeats: int = 1, world_size: int = 1, parallelisms=("ddp",), placements=None):
     """A sweep over hidden width, depth and grid size; each KAN beside an MLP with a matched parameter count
     (kanlib.model.matched_mlp), same data and batch; each under every ``parallelisms`` (ddp, fsdp), at each
     of ``placements`` (``"NxP"``; without them, ``world_size`` processes on one node).
 
-    ``width_list``: hidden widths; ``depths``: numbers of hidden layers (default: that of ``base``).
+    ``width_list``: hidden widths; ``depths``: numbers of hidden layers (default: that of ``base``); the input and
+    output widths are those of ``base.widths``.
     """
     from kanlib.model import KAN, matched_mlp
 
-    base = base or RunConfig()
+    base = _base(base, {"model": "model_size: a B-spline KAN beside its matched MLP", "grid_size": "grid_sizes",
+                        "parallelism": "parallelisms"})
     depths = depths or (len(base.widths) - 2,)
     d_in, d_out = base.widths[0], base.widths[-1]
     points = placements_of([world_size] if placements is None else None, placements)
@@ -195,20 +285,22 @@ def model_size(width_list, base: RunConfig | None = None, grid_sizes=(5,), depth
     return _repeat(_unique(cfgs), repeats)
 
 
-def time_to_accuracy(base: RunConfig | None = None, placements=("1x1", "1x2"), target_val_loss: float = 0.05,
-                     eval_every: int = 10, mode: str = "strong", per_process_batch: int = 64,
-                     lr_rules=("none",), lr_warmup_steps: int = 0, repeats: int = 1):
-    """Train each placement until the validation loss reaches ``target_val_loss`` (or ``base.steps`` run
-    out), evaluating every ``eval_every`` steps outside the timed region.
+def time_to_accuracy(base: RunConfig | Mapping | None = None, placements=("1x1", "1x2"), mode: str = "strong",
+                     per_process_batch: int = 64, lr_rules=("none",), repeats: int = 1):
+    """Train each placement until the validation loss reaches ``base.target_val_loss`` (or ``base.steps`` run
+    out), evaluating every ``base.eval_every`` steps outside the timed region.
 
     ``mode='strong'``: the global batch stays ``base.global_batch`` (the time-to-target speedup should
     equal the step speedup); ``mode='weak'``: global batch = ``per_process_batch`` x N, with each of
     ``lr_rules`` (none, linear, sqrt relative to the one-process batch) - what the larger batch costs in
     statistical efficiency.
     """
-    base = base or RunConfig()
+    base = _base(base, {"lr_rule": "lr_rules", "lr_base_batch": "lr_rules and per_process_batch"})
     if mode not in ("strong", "weak"):
         raise ConfigError(f"mode: unknown value {mode!r}; choose strong or weak")
+    if not base.target_val_loss:
+        raise ConfigError("target_val_loss: time to accuracy trains to a target validation loss; set it (with "
+                          "eval_every), e.g. config {'target_val_loss': 0.05, 'eval_every': 10}")
     points = placements_of(None, placements)
     cfgs = []
     for rule in (lr_rules if mode == "weak" else ("none",)):
@@ -217,17 +309,16 @@ def time_to_accuracy(base: RunConfig | None = None, placements=("1x1", "1x2"), t
             batch = base.global_batch if mode == "strong" else per_process_batch * n
             cfgs.append(base.replace(
                 study="time_to_accuracy", nnodes=nodes, nproc_per_node=ppn, global_batch=batch,
-                n_train=max(base.n_train, batch), target_val_loss=float(target_val_loss), eval_every=eval_every,
-                lr_rule=rule, lr_base_batch=per_process_batch if rule != "none" else 0,
-                lr_warmup_steps=lr_warmup_steps))
+                n_train=max(base.n_train, batch), lr_rule=rule,
+                lr_base_batch=per_process_batch if rule != "none" else 0))
     return _repeat(cfgs, repeats)
 
 
-def compounding(base: RunConfig | None = None, placements=("1x1", "1x2", "2x1"), impls=("reference", "fast", "compiled"),
-                repeats: int = 1):
+def compounding(base: RunConfig | Mapping | None = None, placements=("1x1", "1x2", "2x1"),
+                impls=("reference", "fast", "compiled"), repeats: int = 1):
     """The KAN layer implementation crossed with placement: does a faster kernel's speedup multiply with
     the data-parallel speedup, or does it expose communication and lower the efficiency?"""
-    base = base or RunConfig()
+    base = _base(base, {"model": "compounding: B-spline KANs", "kan_impl": "impls"})
     cfgs = [base.replace(study="compounding", model="kan", kan_impl=impl, nnodes=nodes, nproc_per_node=ppn)
             for impl in impls for nodes, ppn in placements_of(None, placements)]
     return _repeat(cfgs, repeats)

@@ -496,8 +496,9 @@ def study_allocation(params_dir: str, out: str, make_args: list[str], *, dry_run
     nodes = opts.pop("nodes", None) or most
     opts["time_limit"] = opts.pop("study_time_limit", None) or opts.get("time_limit", "04:00:00")
     gpus = int(opts.get("gpus_per_node") or 0)
-    device = launch.get("device", "auto")
-    sizing = RunConfig(nnodes=nodes, nproc_per_node=max(1, gpus), threads=int(launch.get("threads", 1)),
+    run = launch.get("base_config") or {}  # the RunConfig fields every launch notebook of the set starts from
+    device = run.get("device", "auto")
+    sizing = RunConfig(nnodes=nodes, nproc_per_node=max(1, gpus), threads=int(run.get("threads", 1)),
                        device="cuda" if gpus and device == "cuda" else "cpu", backend="gloo" if not gpus else "auto",
                        global_batch=max(1, gpus) * nodes, out_dir=out, study="study")
     site = {k: v for k, v in opts.items() if k in ALLOCATION_OPTS and k not in ("sbatch_args", "poll_s", "mode",

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from synthetic import strong_records, write_new_studies, write_records, write_study  # noqa: E402
 
 SOURCES = notebook.sources()
+PARAMS_SETS = ("study", "gpu_cluster")  # notebooks/params/<set>/: launch.yaml for every launch notebook, then its own
 
 
 @pytest.fixture(autouse=True)
@@ -61,9 +62,47 @@ def test_every_notebook_is_a_canonical_jupytext_source_without_outputs():
         for c in cells:  # thin: calls, no definitions
             tree = ast.parse(c.source)
             assert not [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Lambda))], path
-        for line in cells[0].source.splitlines():  # typed, commented knobs
-            assert re.match(r"^\w+: [\w\[\], ]+ = .+  # \S", line), (path, line)
-            assert "=" not in line.split("  # ", 1)[1], (path, line)  # papermill cannot parse '=' in a comment
+        check_parameters_cell(path, cells[0])
+
+
+def check_parameters_cell(path, cell):
+    """Typed, commented knobs, one statement each; a mapping may span lines. papermill takes a knob's help from the
+    comment of its last line only, and groups lines by their '=': none in a comment or a continuation line."""
+    from papermill.translators import PythonTranslator
+
+    lines = cell.source.splitlines()
+    tree = ast.parse(cell.source)
+    for node in tree.body:
+        assert isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name), (path, ast.unparse(node))
+        first, last = lines[node.lineno - 1], lines[node.end_lineno - 1]
+        assert re.match(r"^\w+: [\w\[\], ]+ = ", first), (path, first)
+        assert re.search(r"  # \S", last) and "=" not in last.split("  # ", 1)[1], (path, last)
+        for line in lines[node.lineno:node.end_lineno]:
+            assert "=" not in line and (line == last or "#" not in line), (path, line)
+    found = PythonTranslator.inspect(cell)
+    assert [p.name for p in found] == [n.target.id for n in tree.body] and all(p.help for p in found), path
+
+
+def test_launch_notebooks_declare_what_they_sweep_and_take_every_other_setting_from_run_config():
+    """Issue 35: a RunConfig field is written once, in kanlib/config.py. A launch notebook declares the knobs of its
+    sweep, out_dir, and every other setting as mappings of RunConfig fields (base_config: tiny defaults, under
+    config); none imports the plans under the name of kanlib.studies."""
+    import dataclasses
+
+    import jupytext
+
+    from kanlib.config import RunConfig
+
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    launch = [p for p in SOURCES if "run_sweep(" in open(p).read()]
+    assert len(launch) == 6
+    for path in SOURCES:
+        assert "plans as studies" not in open(path).read(), path
+    for path in launch:
+        declared = {n.target.id for n in ast.parse(code_cells(jupytext.read(path))[0].source).body}
+        assert {"config", "base_config", "out_dir"} <= declared, path
+        # the calibration's emulated link (on its multi-node placements only) bears the RunConfig fields' names
+        assert declared & fields <= {"out_dir", "emulate_latency_s", "emulate_bandwidth_bytes_per_s"}, path
 
 
 def _make_list(name: str) -> list[str]:
@@ -79,19 +118,63 @@ def test_makefile_runs_every_notebook_launch_first_then_analyses_then_the_report
     assert set(launch) | set(analyses) | {"05_guidelines"} == names  # every notebook runs in make study
     assert all("_analysis" not in n for n in launch) and "06_extrapolation" in analyses
     assert _make_list("NOTEBOOKS") == ["$(LAUNCH)", "$(ANALYSES)", "05_guidelines"]
-    # every launch notebook declares what the GPU cluster's shared launch file sets (papermill refuses others)
+    # every launch notebook declares what each set's shared launch file sets (papermill refuses others)
     import yaml
 
-    shared = set(yaml.safe_load(open(os.path.join(notebook.NOTEBOOK_DIR, "params", "gpu_cluster", "launch.yaml"))))
     import papermill
 
-    for n in launch:
-        declared = set(papermill.inspect_notebook(notebook.to_ipynb(n)))
-        assert shared <= declared, (n, shared - declared)
+    for pset in PARAMS_SETS:
+        shared = set(yaml.safe_load(open(os.path.join(notebook.NOTEBOOK_DIR, "params", pset, "launch.yaml"))))
+        for n in launch:
+            declared = set(papermill.inspect_notebook(notebook.to_ipynb(n)))
+            assert shared <= declared, (pset, n, shared - declared)
     for f in os.listdir(os.path.join(notebook.NOTEBOOK_DIR, "params", "gpu_cluster")):
         if f != "launch.yaml":
             keys = set(yaml.safe_load(open(os.path.join(notebook.NOTEBOOK_DIR, "params", "gpu_cluster", f))))
             assert keys <= set(papermill.inspect_notebook(notebook.to_ipynb(f[:-5]))), f
+
+
+def planned_configs(name: str, params: dict) -> list:
+    """The configs launch notebook ``name`` builds (training runs, then any benchmark runs) with the parameters
+    papermill would inject, ``params``, without running them: its parameters cell, the injected cell, then the cell
+    that builds its plan."""
+    import jupytext
+    from papermill.translators import PythonTranslator
+
+    cells = code_cells(jupytext.read(os.path.join(notebook.NOTEBOOK_DIR, name + ".py")))
+    injected = "# Parameters\n" + "".join(f"{k} = {PythonTranslator.translate(v)}\n" for k, v in params.items())
+    ns = {}
+    exec(cells[0].source, ns)
+    exec(injected, ns)
+    ns["In"] = [cells[0].source, injected]  # what check_parameters reads the injected names from
+    exec(cells[1].source, ns)
+    return list(ns["configs"]) + list(ns.get("bench") or [])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pset", PARAMS_SETS)
+def test_each_parameter_set_builds_every_launch_notebooks_plan_with_its_settings(pset, tmp_path):
+    """papermill -f launch.yaml -f <notebook>.yaml, as make study passes them: the later file replaces a key
+    wholesale, so the set's shared RunConfig fields are launch.yaml's base_config (replacing the notebook's tiny
+    one) and each notebook's own are its config, over them. Every key is a parameter of its notebook and a RunConfig
+    field its plan does not set itself, so every plan builds, and with the set's settings."""
+    import yaml
+
+    from kanlib.config import RunConfig
+
+    d = os.path.join(notebook.NOTEBOOK_DIR, "params", pset)
+    launch = yaml.safe_load(open(os.path.join(d, "launch.yaml")))
+    names = sorted(f[:-5] for f in os.listdir(d) if f.endswith(".yaml") and f != "launch.yaml")
+    assert names == sorted(os.path.basename(p)[:-3] for p in SOURCES if "run_sweep(" in open(p).read())
+    for name in names:
+        params = {**launch, **yaml.safe_load(open(os.path.join(d, name + ".yaml"))), "out_dir": str(tmp_path)}
+        runs = [c for c in planned_configs(name, params) if isinstance(c, RunConfig)]
+        assert runs, name
+        settings = {**launch["base_config"], **params.get("config", {})}
+        for key, v in settings.items():
+            if key not in ("n_train", "widths", "global_batch"):  # a plan may derive these from the setting
+                assert {getattr(c, key) for c in runs} == {tuple(v) if isinstance(v, list) else v}, (name, key)
+        assert {c.out_dir for c in runs} == {str(tmp_path)}
 
 
 def test_no_notebook_is_tracked_as_ipynb_and_generated_ones_are_ignored():
@@ -188,6 +271,11 @@ def test_papermill_refuses_a_typo_and_a_bad_type_before_anything_runs(tmp_path):
                                    cwd=notebook.NOTEBOOK_DIR, progress_bar=False)
     with pytest.raises(papermill.PapermillExecutionError, match=r"parameter repeats: expected an integer, got 'two'"):
         papermill.execute_notebook(path, str(tmp_path / "out.ipynb"), parameters={"repeats": "two"},
+                                   cwd=notebook.NOTEBOOK_DIR, progress_bar=False)
+    # a RunConfig setting goes in config, checked against RunConfig's fields before anything runs
+    with pytest.raises(papermill.PapermillExecutionError,
+                       match=r"config: 'stpes' is not a RunConfig field \(did you mean 'steps'\?\)"):
+        papermill.execute_notebook(path, str(tmp_path / "out.ipynb"), parameters={"config": {"stpes": 40}},
                                    cwd=notebook.NOTEBOOK_DIR, progress_bar=False)
     assert not os.path.exists(tmp_path / "outputs")  # refused before any run
 
@@ -397,8 +485,8 @@ def test_the_papermill_example_of_docs_cluster_runs(tmp_path):
     args = shlex.split(cmd)
     assert args[:3] == ["papermill", "--cwd", "notebooks"] and os.path.exists(os.path.join(notebook.REPO, args[3]))
     site = tmp_path / "site.yaml"
-    site.write_text("launcher_opts: {}\nplacements: ['1x1']\nsteps: 4\nwarmup_steps: 1\nwidths: [2, 4, 1]\n"
-                    "global_batch: 64\nn_train: 256\nn_val: 64\nkan_impl: fast\ntimeout_s: 120.0\n"
+    site.write_text("launcher_opts: {}\nplacements: ['1x1']\nwidths_list: [[2, 4, 1]]\nglobal_batches: [64]\n"
+                    "config: {steps: 4, warmup_steps: 1, n_train: 256, n_val: 64, kan_impl: fast}\ntimeout_s: 120.0\n"
                     f"out_dir: {json.dumps(str(tmp_path / 'outputs'))}\n")
     args = [sys.executable, "-m", *args]
     args = [str(tmp_path / "out.ipynb") if a == "out.ipynb" else str(site) if a == "site.yaml"

@@ -25,6 +25,52 @@ def test_strong_and_weak_builders(tmp_path):
         plans.strong_scaling([1], base, repeats=0)
 
 
+def test_a_plan_builds_its_base_from_a_mapping_with_run_configs_defaults_and_checks(tmp_path):
+    """What a launch notebook passes (issue 35): a mapping of RunConfig fields, completed by RunConfig's defaults and
+    checked by its own rules; a key that is no field, or one the plan sets itself, is refused naming it."""
+    s = plans.strong_scaling(base={"steps": 4, "warmup_steps": 1, "out_dir": str(tmp_path)}, placements=["1x1", "1x2"],
+                             global_batches=[64])
+    assert [(c.steps, c.warmup_steps, c.global_batch, c.optimizer, c.lr) for c in s] == [(4, 1, 64, "lbfgs", 1.0)] * 2
+    assert plans.strong_scaling(base={"global_batch": 64}, placements=["1x1"])[0].global_batch == 64  # no batch sweep
+    # the base is checked at the plan's first point, not with a default the sweep replaces (16 inputs, batch 1024)
+    d = plans.strong_scaling(base={"task": "digits", "n_train": 512}, placements=["1x1"], widths_list=[[64, 8, 10]],
+                             global_batches=[256])
+    assert [(c.widths, c.global_batch, c.n_train) for c in d] == [((64, 8, 10), 256, 512)]
+    with pytest.raises(ConfigError, match=r"^config: 'stpes' is not a RunConfig field \(did you mean 'steps'\?\); "
+                                          r"its fields: study, model, "):
+        plans.strong_scaling(base={"stpes": 4}, placements=["1x1"])
+    with pytest.raises(ConfigError, match="^warmup_steps: must be smaller than steps=4, got 4$"):  # RunConfig's rule
+        plans.weak_scaling(base={"steps": 4, "warmup_steps": 4}, placements=["1x1"])
+    with pytest.raises(ConfigError, match=r"^config: 'global_batch' is set by the plan \(global_batches\); set it "
+                                          r"there, not in config$"):
+        plans.strong_scaling(base={"global_batch": 64}, placements=["1x1"], global_batches=[128])
+    with pytest.raises(ConfigError, match=r"^config: 'kan_impl' is set by the plan \(impls\)"):
+        plans.compounding({"kan_impl": "fast"}, placements=["1x1"])
+    with pytest.raises(ConfigError, match=r"^config: 'model' is set by the plan \(model_size: a B-spline KAN"):
+        plans.model_size([8], {"model": "kan_rbf"})  # was silently replaced by kan
+    with pytest.raises(ConfigError, match=r"^config: 'nnodes' is set by the plan \(placements\)"):
+        plans.communication(base={"nnodes": 2, "optimizer": "adam"}, placements=["1x2"])
+    with pytest.raises(ConfigError, match="^target_val_loss: time to accuracy trains to a target validation loss"):
+        plans.time_to_accuracy({}, placements=["1x1"])
+    t = plans.time_to_accuracy({"target_val_loss": 0.1, "eval_every": 10, "lr_warmup_steps": 3}, placements=["1x1"])
+    assert [(c.target_val_loss, c.eval_every, c.lr_warmup_steps) for c in t] == [(0.1, 10, 3)]
+
+
+def test_settings_put_base_config_under_config_and_name_where_a_bad_key_came_from():
+    """base_config (the notebook's tiny defaults, or a parameter set's launch.yaml) under config (the notebook's own);
+    a string is read as the command line reads it (YAML reads 1e-3 as a string)."""
+    got = plans.settings({"steps": 10, "optimizer": "adam"}, {"steps": 40, "lr": "1e-3", "widths": "2,8,1"},
+                         out_dir="o")
+    assert got == {"steps": 40, "optimizer": "adam", "lr": 0.001, "widths": (2, 8, 1), "out_dir": "o"}
+    with pytest.raises(ConfigError, match=r"^base_config: 'stepz' is not a RunConfig field \(did you mean 'steps'"):
+        plans.settings({"stepz": 1}, {})
+    with pytest.raises(ConfigError, match=r"^config: expected a mapping of RunConfig fields, e\.g\. \{'steps': 40\}, "
+                                          r"got \[\('steps', 4\)\]$"):
+        plans.settings({}, [("steps", 4)])
+    with pytest.raises(ConfigError, match=r"^lr: cannot read 'fast' as float$"):
+        plans.settings({}, {"lr": "fast"})
+
+
 def test_communication_builder_pairs_timed_and_noop(tmp_path):
     base = RunConfig(global_batch=64, out_dir=str(tmp_path), optimizer="adam")  # lbfgs has no no-op twin
     c = plans.communication([2, 4], base, bucket_caps_mb=[1, 25])
@@ -61,6 +107,15 @@ def test_calibration_without_emulated_placements_benchmarks_the_machines_links(t
                                       emulate_latency_s=0.005, bench_placements=["1x2"])
     assert {(c.nnodes, c.comm_hook, c.emulate_latency_s) for c in runs} == {(2, "timed", 0.005), (2, "noop", 0.0)}
     assert sorted((b.nnodes, b.emulate_latency_s) for b in bench) == [(1, 0.0), (2, 0.005)]
+    # a notebook's bench_config: BenchConfig fields, on the training runs' machine settings
+    runs, bench = plans.calibration({"optimizer": "adam", "global_batch": 64, "threads": 2, "out_dir": str(tmp_path)},
+                                    {"max_bytes": 1024, "iters": 3}, placements=[], bench_placements=["1x2"])
+    assert [(b.out_dir, b.threads, b.max_bytes, b.iters) for b in bench] == [(str(tmp_path), 2, 1024, 3)]
+    with pytest.raises(ConfigError, match=r"^bench_config: 'threads' is set by the plan"):
+        plans.calibration({"optimizer": "adam"}, {"threads": 2}, placements=[], bench_placements=["1x2"])
+    with pytest.raises(ConfigError, match=r"^bench_config: 'max_byte' is not a BenchConfig field \(did you mean "
+                                          r"'max_bytes'\?\)"):
+        plans.calibration({"optimizer": "adam"}, {"max_byte": 2}, placements=[], bench_placements=["1x2"])
 
 
 @pytest.mark.slow

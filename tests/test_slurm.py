@@ -254,9 +254,9 @@ def test_strong_scaling_notebook_runs_on_slurm(slurm_cluster, tmp_path):
     values = {"launcher": "slurm", "out_dir": str(out_dir),
               "launcher_opts": {"cpus_per_task": 1, "time_limit": "00:05:00"}}
     # Small runs, and world size 2 as 2 nodes x 1 process, where the notebook has those knobs.
-    small = {"world_sizes": [1, 2], "procs_per_node": 1, "global_batches": [], "repeats": 1, "steps": 8, "warmup_steps": 2,
-             "widths": [2, 8, 1], "global_batch": 64, "threads": 1, "backend": "gloo",
-             "device": "cpu", "timeout_s": 120.0}
+    small = {"world_sizes": [1, 2], "procs_per_node": 1, "global_batches": [64], "widths_list": [[2, 8, 1]],
+             "repeats": 1, "config": {"steps": 8, "warmup_steps": 2, "threads": 1, "backend": "gloo", "device": "cpu"},
+             "timeout_s": 120.0}
     values.update({k: v for k, v in small.items() if k in params})
     papermill.execute_notebook(NOTEBOOK, str(tmp_path / "out.ipynb"), parameters=values,
                                cwd=os.path.dirname(NOTEBOOK), kernel_name="python3",
@@ -374,7 +374,8 @@ def test_make_study_on_a_slurm_parameter_set_is_one_allocation(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     for line in ("#SBATCH --nodes=4", "#SBATCH --gpus-per-node=2", "#SBATCH --time=12:00:00", "#SBATCH --partition=gpu",
-                 "export NCCL_SOCKET_IFNAME=ib0"):
+                 "export NCCL_SOCKET_IFNAME=ib0",
+                 "#SBATCH --cpus-per-task=8"):  # 2 GPUs' processes x launch.yaml's base_config threads 4
         assert line in lines, out.stdout
     [make] = [ln for ln in out.stdout.replace("\\\n", " ").splitlines() if ln.startswith("make ")]
     assert shlex.split(make) == ["make", "study", "PARAMS_SET=gpu_cluster", f"OUT={tmp_path / 'out dir'}"]
