@@ -11,10 +11,10 @@ validation loss within a tolerance of plain DDP (options); the size beyond which
 limits a process, and the size from which FSDP pays (model size); the placement that reaches the target
 validation loss soonest (time to accuracy); the fastest kernel x placement (compounding).
 
-Stability, as pyperf says it: every answer names the points it rests on that are unstable (their runs spread wider
-than the decision margin, a disturbed run, fewer runs than an interval needs; :meth:`Context.stability`) in its
-``rests_on`` column, and a threshold answer the points it depends on whose interval holds the target ("near the 80%
-target"; :func:`kanlib.analysis.stats.reaches` is the rule of every threshold decision), and ``ranked`` is False where its points have fewer than
+Stability: every answer names the points it rests on that are unstable (a disturbed run, fewer runs than an
+interval needs; :meth:`Context.stability`) in its ``rests_on`` column, and a threshold answer the points it depends on whose interval holds the target ("near the 80%
+target"; :func:`kanlib.analysis.stats.reaches` is the rule of every threshold decision), and a ranking answer
+a tie its points' intervals could break; ``ranked`` is False where its points have fewer than
 :data:`kanlib.analysis.stats.MIN_RUNS` runs: such an answer is shown, never ranked on.
 ``python -m kanlib.guidelines --summary OUT`` prints one screen: the decisions, their intervals and what they rest
 on (``make study`` ends with it).
@@ -99,7 +99,9 @@ def points_of(row: dict, stability: pd.DataFrame, study: str) -> pd.DataFrame:
 
 
 def rests_on(pts: pd.DataFrame) -> str:
-    """What makes the points unstable, counted by reason: ``"2 of 3 points unstable: 1x2 (spread 14% ...)"``."""
+    """What makes the points unstable (a disturbed run, too few runs; a wide spread alone does not:
+    :func:`kanlib.analysis.context.point_stability`), counted by reason: ``"2 of 3 points unstable: 1x2 (1
+    disturbed run(s) left out ...)"``."""
     bad = pts[pts["unstable"]] if len(pts) else pts
     if not len(bad):
         return ""
@@ -108,12 +110,13 @@ def rests_on(pts: pd.DataFrame) -> str:
 
 
 def unstable_sentences(stability: pd.DataFrame) -> list[str]:
-    """pyperf's warning, per point: every point whose runs spread wider than the decision margin or that had a
-    disturbed run, with why; the points with too few runs are counted (each is also in the report's list)."""
+    """pyperf's warning, per point: every point that had a disturbed run, with why; the points with too few runs are
+    counted (each is also in the report's list). A wide spread alone is no warning: a decision it could change says
+    so itself (its ``near``)."""
     if stability.empty:
         return []
     bad = stability[stability["unstable"]]
-    loud = bad[bad["why"].str.contains("spread|disturbed")]
+    loud = bad[bad["n_disturbed"] > 0]
     out = [f"Unstable: {r['study']} {r['point']}: {r['why']}." for _, r in loud.iterrows()]
     few = bad[bad["n_runs"] < stats.MIN_RUNS]
     if len(few):
@@ -278,37 +281,42 @@ def _why_differs(r) -> str:
 
 
 def summary(g: Guidelines, width: int = 110) -> str:
-    """One screen: each decision with its interval, and which ones rest on unstable or disturbed points (pyperf's
-    "the result may be unstable", with the reason)."""
+    """One screen: each decision with its interval, the flagged ones marked ``!`` (they could change within their
+    intervals, or rest on disturbed points or too few runs), and the counts; every line wrapped at ``width``, never
+    cut (a cut line lost the number at its end)."""
+    import textwrap
+
+    def wrap(text: str, first: str = "", rest: str = "    ") -> list[str]:
+        return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                             break_on_hyphens=False)
+
     t = g.table
     lines = ["Decisions (python -m kanlib.guidelines OUT for every sentence):"]
     for _, r in t.iterrows():
         mark = "  " if r.get("ranked") and not r.get("rests_on") else "! "
-        text = f"{mark}{r['question']} [{r['group']}]: {r['answer']}"
-        lines.append(text if len(text) <= width else text[:width - 3] + "...")
-    unstable = t[t["rests_on"].fillna("") != ""] if "rests_on" in t else t.iloc[0:0]
+        lines += wrap(f"{r['question']} [{r['group']}]: {r['answer']}", mark, "      ")
+    flagged = t[t["rests_on"].fillna("") != ""] if "rests_on" in t else t.iloc[0:0]
     unranked = t[~t["ranked"].astype(bool)] if "ranked" in t else t.iloc[0:0]
     ctx = g.context
     n_open = int(t["answer"].map(is_unanswered).sum()) if len(t) else 0
-    lines.append(f"{len(t)} decisions" + (f" ({n_open} unanswered: their runs disturbed and left out, or not made)"
-                                          if n_open else "")
-                 + f"; {len(unstable)} rest on unstable or disturbed points or near the target; "
-                 f"{len(unranked)} rest on "
-                 f"points with fewer than {stats.MIN_RUNS} runs (not ranked)")
+    notes = [f"{len(t)} decisions" + (f" ({n_open} unanswered: their runs disturbed and left out, or not made)"
+                                      if n_open else "")
+             + f"; {len(flagged)} flagged (could change within their intervals, or rest on disturbed points or "
+               f"too few runs); {len(unranked)} rest on points with fewer than {stats.MIN_RUNS} runs (not ranked)"]
     if ctx is not None:
         st = ctx.stability()
         if len(st):
             n_dist = int(st["n_disturbed"].sum())
-            spread = st[st["why"].str.contains("spread")]
             kept = "kept" if ctx.disturbed == "keep" else "left out"
-            lines.append(f"{len(st)} measured points: {int(st['unstable'].sum())} unstable ({len(spread)} by spread "
-                         f"> {stats.MARGIN:.0%}, {n_dist} disturbed run(s) {kept}"
-                         f", {int((st['n_runs'] < stats.MIN_RUNS).sum())} with fewer than {stats.MIN_RUNS} runs)")
+            notes.append(f"{len(st)} measured points: {int(st['unstable'].sum())} unstable ({n_dist} disturbed run(s) "
+                         f"{kept}, {int((st['n_runs'] < stats.MIN_RUNS).sum())} with fewer than {stats.MIN_RUNS} "
+                         f"runs); {int(st['wide'].sum())} wide (runs spread > {stats.MARGIN:.0%}: their intervals "
+                         f"are wide, which flags a decision only where it could change it)")
         mc = ctx.model_check()
-        lines.append(mc.describe()[0].upper() + mc.describe()[1:] + ".")
-    lines.append("! = rests on unstable/disturbed points, near the target, or on too few runs (report.html lists "
-                 "them).")
-    return "\n".join(lines)
+        notes.append(mc.describe()[0].upper() + mc.describe()[1:] + ".")
+    notes.append("! = could change within its intervals (near its target, or a tie its intervals could break), or "
+                 "rests on disturbed points or too few runs (report.html lists them).")
+    return "\n".join(lines + [w for n in notes for w in wrap(n)])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -329,15 +329,17 @@ def _machine_html(m: dict) -> str:
 
 
 def stability_html(ctx: Context) -> str:
-    """Every unstable point (pyperf's "the result may be unstable"), with why: spread wider than the decision
-    margin, disturbed runs, fewer runs than an interval needs; and the disturbed runs by name."""
+    """Every unstable point, with why: disturbed runs, fewer runs than an interval needs; how many are wide (spread
+    wider than the decision margin); and the disturbed runs by name."""
     st = ctx.stability()
     if st.empty:
         return "<p>No measured points.</p>"
     bad = st[st["unstable"]]
-    head = (f"<p>{len(bad)} of {len(st)} measured points are unstable: their runs spread wider than the "
-            f"{stats.MARGIN:.0%} margin the guidelines decide by, a run was disturbed, or they have fewer than "
-            f"{stats.MIN_RUNS} runs (an interval needs {stats.MIN_RUNS}). Guidelines resting on them say so.</p>")
+    head = (f"<p>{len(bad)} of {len(st)} measured points are unstable: a run was disturbed, or they have fewer than "
+            f"{stats.MIN_RUNS} runs (an interval needs {stats.MIN_RUNS}); guidelines resting on them are flagged. "
+            f"{int(st['wide'].sum())} have runs spread wider than the {stats.MARGIN:.0%} decision margin: their "
+            f"intervals are wide, and a guideline resting on them is flagged only where its decision could change "
+            f"within them.</p>")
     note = load.disturbed_note(_disturbed(ctx), ctx.disturbed)
     if note:
         head += f"<p class='note'>{html.escape(note)}</p>"
@@ -484,7 +486,7 @@ def guidelines_html(g) -> str:
                    for _, r in t.iterrows())
     items = "".join(f"<li>{html.escape(s)}</li>" for s in g.sentences)
     return ("<table class='decisions'><tr><th>question</th><th>group</th><th>answer</th><th>fewest runs per point"
-            "</th><th>rests on unstable points, or near the target</th></tr>" + rows + "</table>"
+            "</th><th>flagged: could change within its intervals, or rests on disturbed points</th></tr>" + rows + "</table>"
             + f"<details><summary>every guideline as a sentence ({len(g.sentences)})</summary><ul>{items}</ul>"
               f"</details>")
 
@@ -587,8 +589,9 @@ def readme_results(out_dir: str, guidelines=None) -> str:
     st = ctx.stability()
     t = g.table
     lines.append(f"Stability: {int(st['unstable'].sum()) if len(st) else 0} of {len(st)} measured points unstable; "
-                 f"{int((t['rests_on'].fillna('') != '').sum()) if len(t) else 0} of {len(t)} decisions rest on "
-                 f"unstable or disturbed points or near the target; {ctx.model_check().describe()}.")
+                 f"{int((t['rests_on'].fillna('') != '').sum()) if len(t) else 0} of {len(t)} decisions flagged "
+                 f"(could change within their intervals, or rest on disturbed points); "
+                 f"{ctx.model_check().describe()}.")
     lines += ["", README_END]
     return "\n".join(lines)
 

@@ -244,18 +244,22 @@ def disturbed_why(left: pd.DataFrame) -> str:
     return "; ".join(whys + ["disturbed='keep' shows them apart, never pooled with clean runs"])
 
 
-STABILITY_COLUMNS = ["study", "point", "placement", "n_runs", "n_disturbed", "median", "spread", "unstable", "why",
-                     "key"]
+STABILITY_COLUMNS = ["study", "point", "placement", "n_runs", "n_disturbed", "median", "spread", "unstable", "wide",
+                     "why", "key"]
 
 
 def point_stability(df: pd.DataFrame, metric: str = "step_time_s", margin: float = stats.MARGIN,
                     min_runs: int = stats.MIN_RUNS, keep_disturbed: bool = False) -> pd.DataFrame:
     """Per study and point (records equal in every configuration field, record group field and placement, the
     repeats of one configuration): the runs of ``metric`` the analyses use, how many were disturbed, the median and
-    the spread ``(max - min) / median`` of the runs. A point is **unstable**, as pyperf says of a benchmark, when
-    its runs spread wider than the decision ``margin`` the guidelines use, when any of its runs was disturbed, or
-    when it has fewer runs than an interval needs (``min_runs``); ``why`` says which. ``key``: the point's field
-    values (for matching a guideline's group)."""
+    the spread ``(max - min) / median`` of the runs. A point is **unstable** when a decision resting on it cannot be
+    trusted whatever its numbers say: any of its runs was disturbed, or it has fewer runs than an interval needs
+    (``min_runs``); ``why`` says which. A point whose runs spread wider than the decision ``margin`` is **wide**
+    (``wide``, named in ``why`` too) but not unstable: its interval is wide, and a decision resting on it is flagged
+    only when it could change within that interval (a threshold the interval holds, a ranking whose tie the
+    intervals could break: the decision's ``near``), which is what separates a decision that can flip from one
+    that cannot (with 5 runs on a shared 2-core machine most points spread wider than 10%, and flagging all of them
+    flagged every decision). ``key``: the point's field values (for matching a guideline's group)."""
     df = groups.with_placement(load.mark_disturbed(df))
     rows = []
     for study, ds in df.groupby("study", sort=True) if "study" in df else [("", df)]:
@@ -268,17 +272,19 @@ def point_stability(df: pd.DataFrame, metric: str = "step_time_s", margin: float
             v = v[np.isfinite(v) & (v > 0)]
             med = float(np.median(v)) if v.size else float("nan")
             spread = float((v.max() - v.min()) / med) if v.size >= 2 and med > 0 else float("nan")
-            why = []
-            if v.size >= 2 and spread > margin:
-                why.append(f"spread {spread:.0%} of the median > the {margin:.0%} decision margin")
+            why, wide = [], bool(v.size >= 2 and spread > margin)
             if len(bad):
                 why.append(f"{len(bad)} disturbed run(s) {'kept' if keep_disturbed else 'left out'}")
             if v.size < min_runs:
                 why.append(f"too few repeats ({v.size} run(s); an interval needs {min_runs})")
+            unstable = bool(why)
+            if wide:
+                why.append(f"spread {spread:.0%} of the median > the {margin:.0%} decision margin")
             label = groups.group_label({k: key[k] for k in keys if k != "placement" and groups.varies(ds[k])})
             rows.append({"study": study, "point": f"{key['placement']}" + (f", {label}" if label else ""),
                          "placement": key["placement"], "n_runs": int(v.size), "n_disturbed": int(len(bad)),
-                         "median": med, "spread": spread, "unstable": bool(why), "why": "; ".join(why),
+                         "median": med, "spread": spread, "unstable": unstable, "wide": wide,
+                         "why": "; ".join(why),
                          "key": {k: key[k] for k in keys}})
     return pd.DataFrame(rows, columns=STABILITY_COLUMNS)
 

@@ -239,7 +239,7 @@ def judge_guidelines(a, machine: dict, other: str, guidelines=None, ctx=None) ->
     t = guidelines.table
     n_unstable = int((t["rests_on"].fillna("") != "").sum())
     n_unranked = int((~t["ranked"].astype(bool)).sum())
-    num = (f"{len(t)} decisions: {n_unstable} rest on unstable points or near the target, {n_unranked} on fewer than "
+    num = (f"{len(t)} decisions: {n_unstable} flagged (could change within their intervals, or rest on disturbed points), {n_unranked} on fewer than "
            f"{stats.MIN_RUNS} runs")
     mc = ctx.model_check() if ctx is not None else None
     why = [other] if other else []
