@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from kanlib import records, studies
-from kanlib.analysis import fmt, groups, load, stats
+from kanlib.analysis import fmt, groups, load, stats, style
 from kanlib.analysis.context import PARAMS, Context
 from kanlib.analysis.section import StudyAnalysis
 from kanlib.studies import extrapolation as _extrapolation
@@ -770,6 +770,11 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"python -m kanlib.report: {problem}", file=sys.stderr)
             return 2
+    try:  # the report and README's results are made with the studies' figures
+        style.import_plotly("plotly.offline")
+    except ModuleNotFoundError as e:
+        print(f"python -m kanlib.report: {e} (python -m kanlib.guidelines OUT answers without it)", file=sys.stderr)
+        return 2
     if args.check_readme:
         with open(args.check_readme) as f:
             text = f.read()

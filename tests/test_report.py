@@ -340,6 +340,25 @@ def test_readme_options_on_a_missing_readme_exit_2_with_a_clear_error(study_dir,
     assert not (study_dir / "report.html").exists() and not (tmp_path / "NOPE.md").exists()
 
 
+def test_the_report_cli_without_plotly_says_what_to_install(study_dir, tmp_path):
+    """Issue 34.10: the report draws the studies' figures, so it needs plotly (the notebooks extra): without it, a
+    clear error and exit 2, not a traceback, and nothing written."""
+    import os
+    import subprocess
+    import sys
+
+    site = tmp_path / "no_plotly"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['plotly'] = None  # import plotly fails\n")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-m", "kanlib.report", str(study_dir)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), repo])})
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert "making a figure needs plotly, which kanlib's notebooks extra installs (pip install 'kanlib[notebooks]')" \
+        in run.stderr
+    assert not (study_dir / "report.html").exists()
+
+
 def test_readme_carries_the_generated_results_markers():
     """README's results section is the generator's to write (python -m kanlib.report OUT --readme)."""
     text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
