@@ -9,7 +9,6 @@ PY := "$(VENV)/bin/python"
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.kanlib-installed
 OUT ?= outputs
-PAPERMILL := $(PY) -m papermill --cwd notebooks --log-output --progress-bar
 
 .PHONY: install study test test-fast bench clean-outputs
 
@@ -26,13 +25,8 @@ $(STAMP): pyproject.toml
 # .ipynb generated from them under build/notebooks/ (ignored). Executed notebooks, their offline HTML
 # exports, records, figures and the report go under $(OUT); OUT may be absolute and may contain spaces.
 NB_BUILD := build/notebooks
-LAUNCH := 01_strong_scaling 02_weak_scaling 03_communication_overhead 04_model_size_scaling \
-	07_time_to_accuracy 08_compounding
-ANALYSES := 01_strong_scaling_analysis 02_weak_scaling_analysis 03_communication_overhead_analysis \
-	04_model_size_scaling_analysis 06_extrapolation 07_time_to_accuracy_analysis 08_compounding_analysis
-# The launch notebooks run first, then the analyses (06_extrapolation reads 01's and 03's records), then the
-# guidelines (which write the report).
-NOTEBOOKS := $(LAUNCH) $(ANALYSES) 05_guidelines
+# Which notebooks run, and in what order, is the registry's (kanlib/studies/__init__.py: each study's launch and
+# analysis notebooks; the launch notebooks run first, then the analyses, then 05_guidelines, which writes the report).
 # Extra papermill arguments for every notebook. A notebook refuses a parameter it does not declare, and the
 # launch and analysis notebooks declare different ones, so a value for some notebooks goes in a PARAMS_SET file
 PARAMS ?=
@@ -40,12 +34,15 @@ PARAMS ?=
 # notebook, then <notebook>.yaml. A notebook refuses a parameter it does not have, so each file holds only
 # its notebook's keys. The default, `study`, runs five repeats per point on a 2-core machine in about 8
 # minutes (11 cold); the notebooks' own defaults are tiny (CI runs them under nbval); PARAMS_SET=gpu_cluster
-# for a GPU cluster; PARAMS_SET= for the notebooks' defaults.
+# for a GPU cluster; PARAMS_SET= for the notebooks' defaults. A set that does not exist is refused.
 PARAMS_SET ?= study
 # Analysis notebooks run this many at a time, after every launch notebook has finished (nothing they do is timed),
 # each started 3 s after the one before; one whose kernel did not start runs again (two kernels starting at once
 # can pick the same free port: jupyter_client's ports are chosen before the kernel binds them).
 JOBS ?= 2
+# Further options of the study driver (python -m runners.study --help), e.g. STUDY_ARGS=--dry-run to print the
+# commands, STUDY_ARGS=--only=01_strong_scaling,05_guidelines to run some notebooks.
+STUDY_ARGS ?=
 LAB_PORT ?= 8888
 # Extra JupyterLab arguments, e.g. LAB_ARGS=--ServerApp.token=secret
 LAB_ARGS ?=
@@ -55,57 +52,14 @@ LAB_ARGS ?=
 notebooks: $(STAMP)
 	$(PY) -m runners.notebook ipynb
 
-# A parameter set that launches through SLURM (its launch.yaml says launcher: slurm) runs as one allocation:
-# outside one, make study submits one batch job that runs make study on its first node, where every sweep's worker
-# groups are job steps; inside one (salloc, then make study) it runs here. Every study starts with a look at the
-# machine (runners/preflight.py, kept in OUT/preflight/), and ends with one screen: the guidelines' decisions, their
-# intervals and which rest on unstable or disturbed points (python -m kanlib.guidelines --summary OUT).
-study: notebooks
-	@out="$(OUT)"; case "$$out" in /*) ;; *) out="$$PWD/$$out";; esac; \
-	case "$(JOBS)" in ""|*[!0-9]*|0) echo "make study: JOBS is how many analysis notebooks run at once, a whole number >= 1; got '$(JOBS)'" >&2; exit 2;; esac; \
-	mkdir -p "$$out/notebooks" || exit 1; \
-	if [ -n "$(PARAMS_SET)" ] && [ -z "$$SLURM_JOB_ID" ] && $(PY) -m runners.slurm uses-slurm "notebooks/params/$(PARAMS_SET)"; then \
-	  exec $(PY) -m runners.slurm study "notebooks/params/$(PARAMS_SET)" "$$out" -- \
-	    study PARAMS_SET="$(PARAMS_SET)" OUT="$$out" VENV="$(VENV)" PYTHON="$(PYTHON)"; \
-	fi; \
-	$(PY) -m runners.preflight "$$out" || exit 1; \
-	nbrun() { \
-	  set -- ; \
-	  if [ -n "$(PARAMS_SET)" ]; then \
-	    d="notebooks/params/$(PARAMS_SET)"; \
-	    case " $(LAUNCH) " in *" $$nb "*) [ -f "$$d/launch.yaml" ] && set -- "$$@" -f "$$d/launch.yaml";; esac; \
-	    [ -f "$$d/$$nb.yaml" ] && set -- "$$@" -f "$$d/$$nb.yaml"; \
-	  fi; \
-	  $(PAPERMILL) -p out_dir "$$out" "$$@" $(PARAMS) "$(NB_BUILD)/$$nb.ipynb" "$$out/notebooks/$$nb.ipynb"; \
-	}; \
-	nbretry() { \
-	  grep -q "Kernel died before replying to kernel_info" "$$out/notebooks/$$nb.log" || return 1; \
-	  echo "== $$nb: its kernel did not start (a port taken by the kernel starting beside it); running it again"; \
-	  nbrun; \
-	}; \
-	flush() { \
-	  pids=; i=0; for a in $$batch; do \
-	    (nb=$$a; sleep $$((i * 3)); nbrun || nbretry) > "$$out/notebooks/$$a.log" 2>&1 & pids="$$pids $$!"; i=$$((i + 1)); \
-	  done; \
-	  failed=; for p in $$pids; do wait $$p || failed=1; done; \
-	  for a in $$batch; do echo "== $$a"; cat "$$out/notebooks/$$a.log"; rm -f "$$out/notebooks/$$a.log"; done; \
-	  batch=; n=0; [ -z "$$failed" ]; \
-	}; \
-	batch=; n=0; \
-	for nb in $(NOTEBOOKS); do \
-	  case " $(ANALYSES) " in \
-	    *" $$nb "*) batch="$$batch $$nb"; n=$$((n + 1)); \
-	      if [ $$n -ge $(JOBS) ]; then flush || exit 1; fi; continue;; \
-	  esac; \
-	  flush || exit 1; \
-	  echo "== $$nb"; nbrun || exit 1; \
-	done; \
-	flush || exit 1; \
-	set -- ; for nb in $(ANALYSES) 05_guidelines; do set -- "$$@" "$$out/notebooks/$$nb.ipynb"; done; \
-	$(PY) -m runners.notebook html "$$@" >/dev/null || exit 1; \
-	echo "Study written under $$out/: records per study, figures in $$out/figures/, executed notebooks and their HTML in $$out/notebooks/"; \
-	echo "Report: $$out/report.html"; \
-	echo; $(PY) -m kanlib.guidelines --summary "$$out"
+# The study driver (runners/study.py) generates and runs the registry's notebooks. A parameter set that launches
+# through SLURM (its launch.yaml says launcher: slurm) runs as one allocation: outside one, make study submits one
+# batch job that runs make study on its first node, where every sweep's worker groups are job steps; inside one
+# (salloc, then make study) it runs here. Every study starts with a look at the machine (runners/preflight.py, kept
+# in OUT/preflight/), and ends with one screen: the guidelines' decisions, their intervals and which rest on unstable
+# or disturbed points (python -m kanlib.guidelines --summary OUT).
+study: $(STAMP)
+	@$(PY) -m runners.study "$(OUT)" --params-set="$(PARAMS_SET)" --jobs="$(JOBS)" $(STUDY_ARGS) -- $(PARAMS)
 
 # JupyterLab on 127.0.0.1 with jupytext, rooted at notebooks/: the notebooks/*.py open as notebooks (double-click) and
 # save back as text without outputs; the library's .py files are not under that root, so none opens as a notebook.

@@ -4,10 +4,12 @@
 every training record's measured steps (``n_measured_steps x step_time_s``), every sweep's duration
 (``<study>/sweeps.jsonl``: start to end of ``runners.sweep.run_sweep``, waits and reruns included) and every
 launch (``<study>/launches.jsonl``: worker groups, their parts and waits). It prints, per study and in all, the
-share of the sweeps' time spent in measured steps (a sweep over two study folders counted once in the total), the launches against placements x rounds, and the start-up of
+share of the sweeps' time spent in measured steps, the launches against placements x rounds, and the start-up of
 each launch (its start to its first run's ``begin`` event), and writes the same to
-``outputs/benchmarks/launch_share-<UTC>.json``. Issue 20's targets: measured steps at least 50% of the sweeps'
-time; launches at most placements x rounds.
+``OUT/benchmarks/launch_share-<UTC>.json`` (``--write DIR``: all the folders' results in one file under DIR). The
+sweeps' time is the wall time some sweep was running (:func:`busy_s`, the union of their intervals): sweeps that
+overlap (two at once on one OUT; one sweep over two study folders, logged in each) are not added up. Issue 20's
+targets: measured steps at least 50% of the sweeps' time; launches at most placements x rounds.
 """
 
 from __future__ import annotations
@@ -31,6 +33,28 @@ def _jsonl(path: str) -> list[dict]:
     return records.read_jsonl(path) if os.path.exists(path) else []
 
 
+def busy_s(sweeps: list[dict]) -> float:
+    """The wall time (s) during which at least one of ``sweeps`` (rows of ``sweeps.jsonl``: ``started_at``,
+    ``duration_s``) was running: the length of the union of their intervals, so overlapping sweeps count once. A
+    row without a readable ``started_at`` cannot be placed and adds its own duration."""
+    spans, unplaced = [], 0.0
+    for r in sweeps:
+        d = float(r.get("duration_s") or 0.0)
+        try:
+            t0 = _dt.datetime.fromisoformat(r["started_at"]).timestamp()
+        except (KeyError, TypeError, ValueError):
+            unplaced += d
+            continue
+        spans.append((t0, t0 + d))
+    total, end = 0.0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            total, end = total + (b - a), b
+        elif b > end:
+            total, end = total + (b - end), b
+    return total + unplaced
+
+
 def study_share(study_dir: str) -> dict:
     """The numbers of one study folder (``OUT/<study>``)."""
     measured, n_runs, placements, rounds = 0.0, 0, set(), set()
@@ -50,7 +74,7 @@ def study_share(study_dir: str) -> dict:
         begins = [e["at"] for e in events if e.get("event") == "begin"]
         if begins and row.get("started_at"):
             startup.append(min(begins) - _dt.datetime.fromisoformat(row["started_at"]).timestamp())
-    sweep_s = sum(r.get("duration_s", 0.0) for r in sweeps)
+    sweep_s = busy_s(sweeps)
     return {"study": os.path.basename(os.path.normpath(study_dir)), "train_records": n_runs,
             "measured_steps_s": round(measured, 3), "sweeps": len(sweeps), "sweeps_s": round(sweep_s, 3),
             "measured_share": round(measured / sweep_s, 4) if sweep_s else None,
@@ -65,12 +89,10 @@ def share(out: str) -> dict:
     studies = [study_share(d) for d in sorted(glob.glob(os.path.join(glob.escape(out), "*", "")))
                if os.path.exists(os.path.join(d, records.SWEEPS_NAME))]
     measured = sum(s["measured_steps_s"] for s in studies)
-    # one sweep over two study folders (notebook 03: communication and collbench) logs a line in each: count it once
-    once = {}
-    for d in sorted(glob.glob(os.path.join(glob.escape(out), "*", records.SWEEPS_NAME))):
-        for r in _jsonl(d):
-            once[(r.get("started_at"), r.get("duration_s"))] = r.get("duration_s", 0.0)
-    sweep_s = sum(once.values())
+    # one sweep over two study folders (notebook 03: communication and collbench) logs a line in each, and sweeps
+    # of different studies may run at once: the wall time some sweep ran, each moment once
+    sweep_s = busy_s([r for d in sorted(glob.glob(os.path.join(glob.escape(out), "*", records.SWEEPS_NAME)))
+                      for r in _jsonl(d)])
     return {"out": os.path.abspath(out), "studies": studies, "measured_steps_s": round(measured, 3),
             "sweeps_s": round(sweep_s, 3), "measured_share": round(measured / sweep_s, 4) if sweep_s else None,
             "launches": sum(s["launches"] for s in studies),
@@ -80,7 +102,7 @@ def share(out: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("outs", nargs="+", help="study output folders (make study's OUT)")
-    ap.add_argument("--write", default=os.path.join("outputs", "benchmarks"), help="folder for the JSON result")
+    ap.add_argument("--write", default=None, help="one folder for every OUT's result (default: OUT/benchmarks/ each)")
     args = ap.parse_args(argv)
     results = []
     for out in args.outs:
@@ -99,12 +121,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"(placements x rounds {s['placements']} x {s['rounds']})  start-up median "
                   f"{s['startup_s_median']} s  measured {s['measured_steps_s']:7.1f} s of {s['sweeps_s']:7.1f} s "
                   f"= {share_txt}")
-    os.makedirs(args.write, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = os.path.join(args.write, f"launch_share-{stamp}.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
-    print(f"written: {path}")
+    groups = [(args.write, results)] if args.write else [(os.path.join(out, "benchmarks"), [res])
+                                                         for out, res in zip(args.outs, results)]
+    for folder, rows in groups:
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"launch_share-{stamp}.json")
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+        print(f"written: {path}")
     return 0
 
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import html
 import os
+import sys
 
 import numpy as np
 import pandas as pd
 
 from kanlib import records, studies
-from kanlib.analysis import claims, fmt, groups, load, stats
+from kanlib.analysis import claims, fmt, groups, load, stats, style
 from kanlib.analysis.context import PARAMS, Context
 from kanlib.analysis.section import StudyAnalysis
 from kanlib.studies import extrapolation as _extrapolation
@@ -596,15 +597,37 @@ def readme_results(out_dir: str, guidelines=None) -> str:
     return "\n".join(lines)
 
 
-def write_readme(out_dir: str, readme: str) -> str:
-    """Replace the text between :data:`README_START` and :data:`README_END` in ``readme`` with
-    :func:`readme_results` of ``out_dir`` (nothing else in the file changes); an error names the missing marker."""
-    with open(readme) as f:
-        text = f.read()
+def readme_problem(readme: str) -> str | None:
+    """Why ``readme`` cannot take the generated results (None when it can): it is not a readable file, or it lacks
+    a results marker (each missing one named), or its end marker comes before its start marker."""
+    try:
+        with open(readme) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return f"{readme}: no such file (--readme and --check-readme take the README that holds the results markers)"
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{readme}: cannot be read ({e})"
     start_tag = README_START.split(" (")[0]
     i, j = text.find(start_tag), text.find(README_END)
-    if i < 0 or j < i:
-        raise ValueError(f"{readme}: no results markers ({start_tag} ... {README_END}) to replace between")
+    missing = [m for m, at in ((README_START, i), (README_END, j)) if at < 0]
+    if missing:
+        return (f"{readme}: no results marker{'s' if len(missing) > 1 else ''} {' and '.join(missing)}; the "
+                f"generated results go between {README_START} and {README_END}, each on a line of its own")
+    if j < i:
+        return f"{readme}: its results end marker {README_END} comes before its start marker {start_tag} ...-->"
+    return None
+
+
+def write_readme(out_dir: str, readme: str) -> str:
+    """Replace the text between :data:`README_START` and :data:`README_END` in ``readme`` with
+    :func:`readme_results` of ``out_dir`` (nothing else in the file changes); a ValueError names a missing marker
+    (:func:`readme_problem`), before anything is computed or written."""
+    problem = readme_problem(readme)
+    if problem:
+        raise ValueError(problem)
+    with open(readme) as f:
+        text = f.read()
+    i, j = text.find(README_START.split(" (")[0]), text.find(README_END)
     new = text[:i] + readme_results(out_dir) + text[j + len(README_END):]
     tmp = readme + ".tmp"
     with open(tmp, "w") as f:
@@ -615,7 +638,9 @@ def write_readme(out_dir: str, readme: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kanlib.report OUT``: write OUT/report.html; ``--readme [README.md]``: also regenerate README's
-    results section from OUT's records; ``--check-readme``: exit 1 when README's section is not what OUT gives."""
+    results section from OUT's records; ``--check-readme``: exit 1 when README's section is not what OUT gives.
+    A README that is missing or lacks the results markers exits 2 naming what is wrong, before anything is
+    written."""
     import argparse
 
     from kanlib import guidelines as _g
@@ -627,6 +652,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not os.path.isdir(args.out_dir):
         ap.error(f"out_dir: {args.out_dir!r} is not a folder")
+    for readme in (args.check_readme, args.readme):
+        problem = readme and readme_problem(readme)
+        if problem:
+            print(f"python -m kanlib.report: {problem}", file=sys.stderr)
+            return 2
+    try:  # the report and README's results are made with the studies' figures
+        style.import_plotly("plotly.offline")
+    except ModuleNotFoundError as e:
+        print(f"python -m kanlib.report: {e} (python -m kanlib.guidelines OUT answers without it)", file=sys.stderr)
+        return 2
     if args.check_readme:
         with open(args.check_readme) as f:
             text = f.read()

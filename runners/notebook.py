@@ -180,10 +180,11 @@ def _coerce_dict(v, fail) -> dict:
 
 # -- notebook files --------------------------------------------------------------------------
 def sources() -> list[str]:
-    """The notebooks' ``.py`` sources, in run order (launch notebooks, analyses, then guidelines)."""
-    names = sorted(f for f in os.listdir(NOTEBOOK_DIR) if f[:2].isdigit() and f.endswith(".py"))
-    launch = [n for n in names if "run_sweep(" in open(os.path.join(NOTEBOOK_DIR, n)).read()]  # they run studies
-    return [os.path.join(NOTEBOOK_DIR, n) for n in launch + [n for n in names if n not in launch]]
+    """The notebooks' ``.py`` sources, in run order (launch notebooks, analyses, then guidelines): the registry's
+    (:func:`kanlib.studies.run_order`)."""
+    from kanlib import studies
+
+    return [os.path.join(NOTEBOOK_DIR, name + ".py") for name, _ in studies.run_order()]
 
 
 def _source(name: str) -> str:

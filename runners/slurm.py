@@ -463,11 +463,19 @@ def follow_allocation(job: "AllocationJob", echo) -> None:
 # -- one allocation for a whole study (make study PARAMS_SET=gpu_cluster) --------------------------------------
 def params_set(folder: str) -> tuple[dict, int]:
     """A parameter set's ``launch.yaml`` values and the most nodes any placement of its notebooks asks for
-    (every ``"NxP"`` list, and ``world_sizes`` over ``procs_per_node``)."""
+    (every ``"NxP"`` list, and ``world_sizes`` over ``procs_per_node``). A folder that does not exist is refused
+    with a :class:`ConfigError` naming it and the sets beside it: a mistyped set must not run the notebooks' tiny
+    defaults, nor a cluster's study as the small one."""
     import yaml
 
     from kanlib.config import parse_placement
 
+    if not os.path.isdir(folder):
+        parent = os.path.dirname(os.path.abspath(folder))
+        sets = sorted(d for d in os.listdir(parent) if os.path.isdir(os.path.join(parent, d))) \
+            if os.path.isdir(parent) else []
+        raise ConfigError(f"parameter set {os.path.basename(os.path.normpath(folder))!r}: no folder {folder}; "
+                          f"the sets in {parent}: {', '.join(sets) or '(none)'}")
     launch, most = {}, 1
     for path in sorted(glob.glob(os.path.join(folder, "*.yaml"))):
         with open(path) as f:
@@ -518,12 +526,16 @@ def study_allocation(params_dir: str, out: str, make_args: list[str], *, dry_run
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m runners.slurm uses-slurm PARAMS_DIR`` exits 0 when the set launches through SLURM;
-    ``python -m runners.slurm study PARAMS_DIR OUT [--dry-run] -- MAKE_ARGS...`` runs make study in one
-    allocation (:func:`study_allocation`)."""
+    """``python -m runners.slurm uses-slurm PARAMS_DIR`` exits 0 when the set launches through SLURM (1 when it
+    does not, 2 when there is no such set); ``python -m runners.slurm study PARAMS_DIR OUT [--dry-run] --
+    MAKE_ARGS...`` runs make study in one allocation (:func:`study_allocation`)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["uses-slurm"] and len(argv) == 2:
-        launch, _ = params_set(argv[1])
+        try:
+            launch, _ = params_set(argv[1])
+        except ConfigError as e:
+            print(f"runners.slurm: {e}", file=sys.stderr)
+            return 2
         return 0 if launch.get("launcher") == "slurm" else 1
     if argv[:1] == ["study"] and "--" in argv:
         head, make_args = argv[1:argv.index("--")], argv[argv.index("--") + 1:]

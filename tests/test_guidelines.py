@@ -348,3 +348,40 @@ def test_the_summary_wraps_a_long_answer_and_never_cuts_a_number(tmp_path):
     assert all(len(line) <= 60 for line in text.splitlines()[1:])
     assert "best 2x1 at 85% [72%, 95%]" in " ".join(line.strip() for line in text.splitlines())
     assert "..." not in text.split("decisions")[0]
+
+
+def without_plotly_env(tmp_path) -> dict:
+    """The environment of a process in which ``import plotly`` fails, as after ``pip install kanlib`` (plotly is in
+    the notebooks extra only): a sitecustomize that blocks it, this checkout first on the path."""
+    import os
+
+    site = tmp_path / "no_plotly"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['plotly'] = None  # import plotly fails\n")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), repo])}
+
+
+def test_the_guidelines_cli_runs_without_plotly(tmp_path):
+    """Issue 34.10: python -m kanlib.guidelines died with ModuleNotFoundError: No module named 'plotly' on the core
+    dependencies (every study module imported plotly when loaded); figures now import it when one is made."""
+    import subprocess
+    import sys
+
+    from synthetic import write_new_studies, write_study
+
+    out = write_new_studies(write_study(tmp_path / "out"))
+    env = without_plotly_env(tmp_path)
+    probe = subprocess.run([sys.executable, "-c", "import plotly"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0 and "ModuleNotFoundError" in probe.stderr  # the block holds
+    for args in (["--summary", str(out)], [str(out)], [str(out), str(out)]):
+        run = subprocess.run([sys.executable, "-m", "kanlib.guidelines", *args], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert "plotly" not in run.stderr
+    assert run.stdout.strip().splitlines()[-1].endswith("answers the same")
+    # a figure still says what it needs
+    code = ("from kanlib.studies import strong_scaling\nfrom kanlib.analysis import style\n"
+            "try:\n    style.go.Figure()\nexcept ModuleNotFoundError as e:\n    print(e)\n")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "making a figure needs plotly, which kanlib's notebooks extra installs" in run.stdout, run.stderr

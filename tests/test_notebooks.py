@@ -105,33 +105,29 @@ def test_launch_notebooks_declare_what_they_sweep_and_take_every_other_setting_f
         assert declared & fields <= {"out_dir", "emulate_latency_s", "emulate_bandwidth_bytes_per_s"}, path
 
 
-def _make_list(name: str) -> list[str]:
-    """A notebook list of the Makefile (``NAME := a b \\`` continued lines)."""
-    text = open(os.path.join(notebook.REPO, "Makefile")).read().replace("\\\n", " ")
-    m = re.search(rf"^{name} := (.*)$", text, re.M)
-    return m.group(1).split()
-
-
-def test_makefile_runs_every_notebook_launch_first_then_analyses_then_the_report():
-    launch, analyses = _make_list("LAUNCH"), _make_list("ANALYSES")
-    names = {os.path.basename(p)[:-3] for p in SOURCES}
-    assert set(launch) | set(analyses) | {"05_guidelines"} == names  # every notebook runs in make study
-    assert all("_analysis" not in n for n in launch) and "06_extrapolation" in analyses
-    assert _make_list("NOTEBOOKS") == ["$(LAUNCH)", "$(ANALYSES)", "05_guidelines"]
-    # every launch notebook declares what each set's shared launch file sets (papermill refuses others)
+def test_every_notebook_of_the_run_order_takes_what_each_parameter_sets_files_set():
+    """The registry's run order (kanlib.studies.run_order) names every notebook; every launch notebook declares what
+    each set's shared launch file sets, and every notebook what its own file sets (papermill refuses others)."""
+    import papermill
     import yaml
 
-    import papermill
+    from kanlib import studies
 
+    order = studies.run_order()
+    assert [os.path.basename(p)[:-3] for p in SOURCES] == [nb for nb, _ in order]
+    launch = [nb for nb, kind in order if kind == "launch"]
+    assert launch and all("_analysis" not in n for n in launch) and ("06_extrapolation", "analysis") in order
     for pset in PARAMS_SETS:
-        shared = set(yaml.safe_load(open(os.path.join(notebook.NOTEBOOK_DIR, "params", pset, "launch.yaml"))))
+        folder = os.path.join(notebook.NOTEBOOK_DIR, "params", pset)
+        shared = set(yaml.safe_load(open(os.path.join(folder, "launch.yaml"))))
         for n in launch:
             declared = set(papermill.inspect_notebook(notebook.to_ipynb(n)))
             assert shared <= declared, (pset, n, shared - declared)
-    for f in os.listdir(os.path.join(notebook.NOTEBOOK_DIR, "params", "gpu_cluster")):
-        if f != "launch.yaml":
-            keys = set(yaml.safe_load(open(os.path.join(notebook.NOTEBOOK_DIR, "params", "gpu_cluster", f))))
-            assert keys <= set(papermill.inspect_notebook(notebook.to_ipynb(f[:-5]))), f
+        for f in os.listdir(folder):
+            if f != "launch.yaml":
+                keys = set(yaml.safe_load(open(os.path.join(folder, f))))
+                assert keys <= set(papermill.inspect_notebook(notebook.to_ipynb(f[:-5]))), (pset, f)
+
 
 
 def planned_configs(name: str, params: dict) -> list:
@@ -351,20 +347,26 @@ with open(dst + ".args.json", "w") as f:
 '''
 
 
-def test_make_study_writes_to_an_absolute_out_even_with_spaces(tmp_path):
+def _make_study(tmp_path, out, *make_args, env=None):
+    """make study with a fake papermill (it copies the notebook and keeps its arguments), on this interpreter's venv."""
     fake = tmp_path / "fake_papermill.py"
     fake.write_text(FAKE_PAPERMILL)
     stamp = tmp_path / "stamp"
     stamp.touch()
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    papermill = f"{shlex.quote(sys.executable)} {shlex.quote(str(fake))}"
+    return subprocess.run(["make", "-C", notebook.REPO, "study", f"VENV={venv}", f"STAMP={stamp}", f"OUT={out}",
+                           f"STUDY_ARGS=--papermill={shlex.quote(papermill)} --only=01_strong_scaling,05_guidelines",
+                           *make_args], capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def test_make_study_writes_to_an_absolute_out_even_with_spaces(tmp_path):
+    """make study runs the study driver (python -m runners.study) with its OUT, PARAMS_SET, JOBS and PARAMS."""
     out = tmp_path / "my study" / "out"
     write_study(out)  # the fake papermill runs nothing: the records the summary at the end reads
-    venv = os.path.dirname(os.path.dirname(sys.executable))
-    run = subprocess.run(["make", "-C", notebook.REPO, "study", f"VENV={venv}", f"STAMP={stamp}",
-                          f"PAPERMILL={shlex.quote(sys.executable)} {shlex.quote(str(fake))}", f"OUT={out}",
-                          "PARAMS_SET=gpu_cluster",
-                          "NOTEBOOKS=01_strong_scaling 05_guidelines", "ANALYSES="],
-                         # inside an allocation (as after salloc) a SLURM parameter set runs here, no batch job
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "SLURM_JOB_ID": "4242"})
+    # inside an allocation (as after salloc) a SLURM parameter set runs here, no batch job
+    run = _make_study(tmp_path, out, "PARAMS_SET=gpu_cluster", "JOBS=3", "PARAMS=-p steps 7",
+                      env={"SLURM_JOB_ID": "4242"})
     assert run.returncode == 0, run.stdout + run.stderr
     assert "pre-flight" in run.stdout and (out / "preflight").is_dir()
     import json
@@ -372,8 +374,8 @@ def test_make_study_writes_to_an_absolute_out_even_with_spaces(tmp_path):
     args = json.load(open(out / "notebooks" / "01_strong_scaling.ipynb.args.json"))
     assert args[:2] == ["-p", "out_dir"] and args[2] == str(out)  # absolute, spaces intact, nothing prefixed
     d = os.path.join("notebooks", "params", "gpu_cluster")
-    assert args[3:7] == ["-f", f"{d}/launch.yaml", "-f", f"{d}/01_strong_scaling.yaml"]
-    assert json.load(open(out / "notebooks" / "05_guidelines.ipynb.args.json"))[3:4] != ["-f"]  # no file of its own
+    assert args[3:10] == ["-f", f"{d}/launch.yaml", "-f", f"{d}/01_strong_scaling.yaml", "-p", "steps", "7"]
+    assert json.load(open(out / "notebooks" / "05_guidelines.ipynb.args.json"))[3:4] == ["-p"]  # no file of its own
     assert (out / "notebooks" / "05_guidelines.html").exists()
     assert f"Report: {out}/report.html" in run.stdout
     # it ends with the one-screen summary (issue 27.3): the decisions and what they rest on
@@ -383,88 +385,17 @@ def test_make_study_writes_to_an_absolute_out_even_with_spaces(tmp_path):
     assert not os.path.exists(os.path.join(notebook.REPO, str(out).lstrip("/")))  # nothing under the repo
 
 
-TIMED_PAPERMILL = '''
-import json, os, shutil, sys, time
-src, dst = sys.argv[-2], sys.argv[-1]
-name = os.path.basename(dst)
-t0 = time.time()
-print("running", name, flush=True)
-time.sleep(4.0)  # longer than the 3 s between two analyses starting
-if name.startswith(os.environ.get("FAIL_NOTEBOOK") or "-"):
-    print("failing", name, file=sys.stderr)
-    sys.exit(3)
-race = dst + ".kernel-race"
-if name.startswith(os.environ.get("RACE_NOTEBOOK") or "-") and not os.path.exists(race):
-    open(race, "w").close()  # what papermill says when its kernel lost its port to a kernel starting beside it
-    print("zmq.error.ZMQError: Address already in use", file=sys.stderr)
-    print("RuntimeError: Kernel died before replying to kernel_info", file=sys.stderr)
-    sys.exit(1)
-shutil.copy(src, dst)
-with open(dst + ".span.json", "w") as f:
-    json.dump([t0, time.time()], f)
-'''
-
-
-def _make_study_with_analyses(tmp_path, jobs="2", fail="", race=""):
-    fake = tmp_path / "timed_papermill.py"
-    fake.write_text(TIMED_PAPERMILL)
-    stamp = tmp_path / "stamp"
-    stamp.touch()
-    out = write_study(tmp_path / "out dir")
-    venv = os.path.dirname(os.path.dirname(sys.executable))
-    analyses = "01_strong_scaling_analysis 02_weak_scaling_analysis 04_model_size_scaling_analysis"
-    run = subprocess.run(["make", "-C", notebook.REPO, "study", f"VENV={venv}", f"STAMP={stamp}",
-                          f"PAPERMILL={shlex.quote(sys.executable)} {shlex.quote(str(fake))}", f"OUT={out}",
-                          "PARAMS_SET=", f"JOBS={jobs}",
-                          f"NOTEBOOKS=01_strong_scaling {analyses} 05_guidelines", f"ANALYSES={analyses}"],
-                         capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "FAIL_NOTEBOOK": fail, "RACE_NOTEBOOK": race})
-    return run, out, analyses.split()
-
-
-def test_make_study_runs_the_analysis_notebooks_two_at_a_time_after_the_launches(tmp_path):
-    import json
-
-    run, out, analyses = _make_study_with_analyses(tmp_path)
-    assert run.returncode == 0, run.stdout + run.stderr
-    span = {nb: json.load(open(out / "notebooks" / f"{nb}.ipynb.span.json"))
-            for nb in ["01_strong_scaling", *analyses, "05_guidelines"]}
-    first, second, third = (span[nb] for nb in analyses)
-    assert span["01_strong_scaling"][1] <= min(first[0], second[0])  # no analysis while a launch notebook runs
-    assert second[0] < first[1] and first[0] < second[1]  # the first two ran at once
-    assert third[0] >= max(first[1], second[1])  # at most JOBS at a time
-    assert span["05_guidelines"][0] >= third[1]  # the report's notebook after every analysis
-    # each analysis's output is printed whole, under its name, in the study's order; no log left behind
-    at = [run.stdout.index(f"== {nb}\nrunning {nb}.ipynb") for nb in analyses]
-    assert at == sorted(at)
-    assert not list((out / "notebooks").glob("*.log"))
-
-
-def test_an_analysis_whose_kernel_did_not_start_runs_again(tmp_path):
-    """Two kernels starting at once can pick the same free port (seen in a real make study: 'Address already in
-    use', then papermill's 'Kernel died before replying to kernel_info'); that notebook runs once more."""
-    run, out, analyses = _make_study_with_analyses(tmp_path, race="02_weak_scaling_analysis")
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "== 02_weak_scaling_analysis: its kernel did not start" in run.stdout
-    assert run.stdout.count("running 02_weak_scaling_analysis.ipynb") == 2
-    assert run.stdout.count("running 01_strong_scaling_analysis.ipynb") == 1
-    assert (out / "notebooks" / "02_weak_scaling_analysis.ipynb").exists() and "Report:" in run.stdout
-
-
-def test_make_study_fails_when_an_analysis_run_in_parallel_fails(tmp_path):
-    run, out, analyses = _make_study_with_analyses(tmp_path, fail="02_weak_scaling_analysis")
+def test_make_study_refuses_a_mistyped_params_set_and_a_jobs_that_is_not_a_count(tmp_path):
+    """Issue 34.2: make study PARAMS_SET=studdy ran every notebook with only -p out_dir, the notebooks' tiny
+    defaults, and said nothing."""
+    out = tmp_path / "out"
+    run = _make_study(tmp_path, out, "PARAMS_SET=studdy")
     assert run.returncode != 0
-    assert "failing 02_weak_scaling_analysis.ipynb" in run.stdout  # its log is shown
-    assert "running it again" not in run.stdout  # another failure is not retried
-    assert (out / "notebooks" / "01_strong_scaling_analysis.ipynb").exists()  # its partner finished
-    assert not (out / "notebooks" / "05_guidelines.ipynb").exists()  # nothing after the failed batch
-    assert "Report:" not in run.stdout
-
-
-def test_make_study_refuses_a_jobs_that_is_not_a_count(tmp_path):
-    run, out, _ = _make_study_with_analyses(tmp_path, jobs="two")
+    assert "PARAMS_SET 'studdy': no folder notebooks/params/studdy; the sets: gpu_cluster, study" in run.stderr
+    assert not out.exists()  # refused before anything ran or was written
+    run = _make_study(tmp_path, out, "JOBS=two")
     assert run.returncode != 0 and "JOBS is how many analysis notebooks run at once" in run.stderr
-    assert not (out / "notebooks").exists() or not list((out / "notebooks").glob("*.ipynb"))
+    assert not out.exists()
 
 
 @pytest.mark.slow

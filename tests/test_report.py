@@ -306,6 +306,59 @@ def test_readme_results_are_generated_from_the_outputs_and_checked(study_dir, tm
         report.write_readme(str(study_dir), str(tmp_path / "bare.md"))
 
 
+def test_readme_options_refuse_a_readme_without_markers_before_writing_anything(study_dir, tmp_path, capsys):
+    """Issue 34.11: --readme on a README without markers wrote report.html, then raised ValueError; --check-readme
+    said 'its results are not those of OUT' instead of naming the missing markers."""
+    bare = tmp_path / "bare.md"
+    bare.write_text("# nothing\n")
+    assert report.main([str(study_dir), "--readme", str(bare)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bare}: no results markers {report.README_START} and {report.README_END}" in err
+    assert not (study_dir / "report.html").exists() and bare.read_text() == "# nothing\n"  # nothing written
+    half = tmp_path / "half.md"
+    half.write_text(f"# half\n{report.README_START}\nold\n")
+    assert report.main([str(study_dir), "--check-readme", str(half)]) == 2
+    out = capsys.readouterr()
+    assert f"{half}: no results marker {report.README_END};" in out.err and "not those of" not in out.out
+    backwards = tmp_path / "backwards.md"
+    backwards.write_text(f"{report.README_END}\n{report.README_START}\n")
+    assert report.main([str(study_dir), "--readme", str(backwards)]) == 2
+    assert "end marker <!-- results:end --> comes before its start marker" in capsys.readouterr().err
+    assert not (study_dir / "report.html").exists()
+
+
+def test_readme_options_on_a_missing_readme_exit_2_with_a_clear_error(study_dir, tmp_path):
+    """Issue 34.11: a missing README raised FileNotFoundError (a traceback)."""
+    import subprocess
+    import sys
+
+    for option in ("--readme", "--check-readme"):
+        run = subprocess.run([sys.executable, "-m", "kanlib.report", str(study_dir), option,
+                              str(tmp_path / "NOPE.md")], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 2, run.stderr
+        assert "Traceback" not in run.stderr and f"{tmp_path / 'NOPE.md'}: no such file" in run.stderr
+    assert not (study_dir / "report.html").exists() and not (tmp_path / "NOPE.md").exists()
+
+
+def test_the_report_cli_without_plotly_says_what_to_install(study_dir, tmp_path):
+    """Issue 34.10: the report draws the studies' figures, so it needs plotly (the notebooks extra): without it, a
+    clear error and exit 2, not a traceback, and nothing written."""
+    import os
+    import subprocess
+    import sys
+
+    site = tmp_path / "no_plotly"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['plotly'] = None  # import plotly fails\n")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-m", "kanlib.report", str(study_dir)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), repo])})
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert "making a figure needs plotly, which kanlib's notebooks extra installs (pip install 'kanlib[notebooks]')" \
+        in run.stderr
+    assert not (study_dir / "report.html").exists()
+
+
 def test_readme_carries_the_generated_results_markers():
     """README's results section is the generator's to write (python -m kanlib.report OUT --readme)."""
     text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()

@@ -380,9 +380,29 @@ def test_make_study_on_a_slurm_parameter_set_is_one_allocation(tmp_path):
     [make] = [ln for ln in out.stdout.replace("\\\n", " ").splitlines() if ln.startswith("make ")]
     assert shlex.split(make) == ["make", "study", "PARAMS_SET=gpu_cluster", f"OUT={tmp_path / 'out dir'}"]
     assert not os.path.exists(tmp_path / "out dir" / "allocations"), "a dry run writes nothing"
-    # the Makefile hands such a set to it (and runs the study here inside an allocation)
-    plan = subprocess.run(["make", "-n", "study", "PARAMS_SET=gpu_cluster", f"OUT={tmp_path}"], cwd=REPO,
-                          capture_output=True, text=True, env={**os.environ, "SLURM_JOB_ID": ""}).stdout
-    assert "-m runners.slurm uses-slurm" in plan and "-m runners.slurm study" in plan
+    # make study hands such a set to it (the study driver does; inside an allocation it runs the study there)
+    stamp = tmp_path / "stamp"
+    stamp.touch()
+    plan = subprocess.run(["make", "study", "PARAMS_SET=gpu_cluster", f"OUT={tmp_path / 'out dir'}",
+                           f"VENV={os.path.dirname(os.path.dirname(sys.executable))}", f"STAMP={stamp}",
+                           "STUDY_ARGS=--dry-run"], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "SLURM_JOB_ID": ""})
+    assert plan.returncode == 0, plan.stderr
+    assert "#SBATCH --nodes=4" in plan.stdout.splitlines() and "\nmake study PARAMS_SET=gpu_cluster" in plan.stdout
     assert subprocess.run([sys.executable, "-m", "runners.slurm", "uses-slurm",
                            os.path.join(REPO, "notebooks", "params", "study")], cwd=REPO).returncode == 1
+
+
+def test_a_parameter_set_that_does_not_exist_is_refused_naming_the_sets():
+    """Issue 34.2: params_set turned a missing folder into {}, so a mistyped gpu_cluster ran the small set."""
+    from runners.slurm import params_set
+
+    missing = os.path.join(REPO, "notebooks", "params", "gpu_clustr")
+    with pytest.raises(ConfigError, match=r"^parameter set 'gpu_clustr': no folder .*gpu_clustr; the sets in .*"
+                                          r"params: gpu_cluster, study$"):
+        params_set(missing)
+    run = subprocess.run([sys.executable, "-m", "runners.slurm", "uses-slurm", missing], cwd=REPO,
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "parameter set 'gpu_clustr': no folder" in run.stderr
+    launch, nodes = params_set(os.path.join(REPO, "notebooks", "params", "gpu_cluster"))
+    assert launch["launcher"] == "slurm" and nodes == 4

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
-import plotly.graph_objects as go
 
 from kanlib.analysis import groups, style
+from kanlib.analysis.style import go
 
 METRICS = ("step_time_s", "samples_per_s", "wall_samples_per_s", "forward_s", "backward_s", "optimizer_s",
            "comm_total_s", "peak_mem_bytes", "final_val_loss", "final_val_accuracy", "time_to_target_s",

@@ -9,9 +9,9 @@ import os
 from dataclasses import dataclass, field
 
 import pandas as pd
-import plotly.graph_objects as go
 
 from kanlib.analysis import style
+from kanlib.analysis.style import go
 from kanlib.analysis.table import Table
 
 LONG_TABLE_ROWS = 20

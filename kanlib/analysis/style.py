@@ -21,12 +21,40 @@ import math
 import os
 import zlib
 
+import importlib
+import types
+
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from kanlib.analysis import groups
+
+
+def import_plotly(name: str = "plotly") -> types.ModuleType:
+    """The plotly module ``name``, imported now: figures need plotly, which the ``notebooks`` extra installs; the
+    analysis CLIs (``python -m kanlib.guidelines``) run on the core dependencies, so nothing imports it before a
+    figure is made. Without it: a ModuleNotFoundError that says how to install it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise ModuleNotFoundError(f"making a figure needs plotly, which kanlib's notebooks extra installs (pip install "
+                                  f"'kanlib[notebooks]'): {e}", name="plotly") from e
+
+
+class _LazyModule(types.ModuleType):
+    """A plotly module that is imported at its first attribute (``go.Figure``), not when a study module is."""
+
+    def __getattr__(self, attr: str):
+        return getattr(import_plotly(self.__name__), attr)
+
+
+go = _LazyModule("plotly.graph_objects")
+"""``plotly.graph_objects``, imported when a figure is first made (:func:`import_plotly`)."""
+
+
+def make_subplots(*args, **kwargs):
+    """``plotly.subplots.make_subplots``, imported when first called (:func:`import_plotly`)."""
+    return import_plotly("plotly.subplots").make_subplots(*args, **kwargs)
 
 TEMPLATE = "plotly_white"
 MODEL_COLORS = {"kan": "#1f77b4", "mlp": "#ff7f0e", "kan_rbf": "#2ca02c", "kan_cheb": "#9467bd"}

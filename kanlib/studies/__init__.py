@@ -14,8 +14,12 @@ Every module has the same names:
 - A module whose section has records may have ``record_label(row)``: what names one record in the report's list
   besides model, widths, batch, placement and repeat (nothing when it has none).
 
-A new study is a module here (added to :data:`STUDIES`), its launch and analysis notebooks, its parameter file
-and its config builder in runners/plans.py.
+The registry also holds the run order of ``make study`` (``python -m runners.study``, a loop over it): each
+study's notebooks (:data:`NOTEBOOKS`), its launch notebook in :data:`STUDIES` order, then the analyses, then
+:data:`GUIDELINES_NOTEBOOK` (:func:`run_order`).
+
+A new study is a module here (added to :data:`STUDIES`, its notebooks to :data:`NOTEBOOKS`), its launch and analysis
+notebooks, its parameter file and its config builder in runners/plans.py.
 """
 
 from kanlib.studies import (calibration, communication, compounding, extrapolation, model_size, options, published,
@@ -25,6 +29,34 @@ STUDIES = (strong_scaling, weak_scaling, communication, calibration, options, mo
            compounding, published, extrapolation)
 """Every study module in run order (launch notebooks 01, 02, 03, 04, 07, 08; then the model's what-ifs, which
 read the studies' records)."""
+
+NOTEBOOKS = {
+    "strong_scaling": ("01_strong_scaling", "01_strong_scaling_analysis"),
+    "weak_scaling": ("02_weak_scaling", "02_weak_scaling_analysis"),
+    "communication": ("03_communication_overhead", "03_communication_overhead_analysis"),
+    "model_size": ("04_model_size_scaling", "04_model_size_scaling_analysis"),
+    "time_to_accuracy": ("07_time_to_accuracy", "07_time_to_accuracy_analysis"),
+    "compounding": ("08_compounding", "08_compounding_analysis"),
+    "extrapolation": (None, "06_extrapolation"),
+}
+"""Each study's notebooks by module ``NAME``: its launch notebook (None: it makes no runs; it reads the others'
+records) and its analysis notebook (``notebooks/<name>.py``). A module absent here is shown by its section's
+analysis notebook (calibration and options by communication's) or by the guidelines' (published)."""
+
+GUIDELINES_NOTEBOOK = "05_guidelines"
+"""The last notebook of a study: the guidelines and the report, from every study's records."""
+
+LAUNCH, ANALYSIS, GUIDELINES = "launch", "analysis", "guidelines"
+
+
+def run_order() -> list[tuple[str, str]]:
+    """Every notebook of a study as ``(name, kind)`` in the order ``make study`` runs them: the launch notebooks
+    (kind ``"launch"``, one after the other) in :data:`STUDIES` order, then the analyses (``"analysis"``: they
+    time nothing, so several may run at once; the extrapolation reads strong scaling's and communication's
+    records), then :data:`GUIDELINES_NOTEBOOK` (``"guidelines"``, which writes the report)."""
+    order = [NOTEBOOKS[m.NAME] for m in STUDIES if m.NAME in NOTEBOOKS]
+    return ([(launch, LAUNCH) for launch, _ in order if launch] + [(a, ANALYSIS) for _, a in order if a]
+            + [(GUIDELINES_NOTEBOOK, GUIDELINES)])
 
 
 def sections() -> dict[str, list]:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from kanlib.analysis import commmodel, fmt, groups, style
 from kanlib.analysis.context import Context, Goals, LinkFit
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
+from kanlib.analysis.style import go, make_subplots
 from kanlib.analysis.table import Table
 from kanlib.studies import communication
 

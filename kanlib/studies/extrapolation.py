@@ -17,13 +17,13 @@ from dataclasses import replace
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 
 from kanlib import records
 from kanlib.analysis import commmodel, fmt, groups, load, presets, straggler, style
 from kanlib.analysis.context import Context, Goals
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
+from kanlib.analysis.style import go
 from kanlib.analysis.table import Table
 from kanlib.studies import calibration, published, strong_scaling
 

@@ -14,13 +14,12 @@ measured here (the collective-benchmark fit).
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from kanlib.analysis import claims, commmodel, fmt, load, presets, stats, style
 from kanlib.analysis.context import Context, Goals
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
+from kanlib.analysis.style import go, make_subplots
 from kanlib.analysis.table import Table
 from kanlib.studies import calibration
 

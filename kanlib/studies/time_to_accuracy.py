@@ -14,13 +14,12 @@ import warnings
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from kanlib.analysis import fmt, groups, load, stats, style
 from kanlib.analysis.context import Context, Goals
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
+from kanlib.analysis.style import go, make_subplots
 from kanlib.analysis.table import Table
 from kanlib.records import STEPS_NAME
 

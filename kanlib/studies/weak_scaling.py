@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 
 from kanlib.analysis import claims, fmt, groups, stats, style
 from kanlib.analysis.context import Context, Goals, disturbed_why, unanswered
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
+from kanlib.analysis.style import go
 from kanlib.analysis.table import Table
 
 NAME = SECTION = RECORDS = "weak_scaling"
