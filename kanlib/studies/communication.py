@@ -800,7 +800,9 @@ def judge_gradient_structure(a: StudyAnalysis, machine: dict, other: str, guidel
     :data:`kanlib.analysis.stats.MIN_PAIRS` shared rounds, or while an interval holds the margin (undecided).
 
     A hook time larger alone does not contradict: the step waits only for the exposed part, and the hook time also
-    holds the wait for the other rank's backward, which the KAN's longer compute lengthens (not its gradients).
+    holds the wait for the other rank's backward, which the KAN's longer compute lengthens (not its gradients). The
+    exposed part holds some of that wait too (the ranks synchronise every step, the no-op twins do not), so a
+    contradiction on a busy machine is to be checked on a quiet one.
     Any machine decides it (``other`` does not apply): what it decides is said in the reason (:data:`DECIDES`)."""
     g = a.extra.get("gradient_structure")
     if g is None:
@@ -815,7 +817,9 @@ def judge_gradient_structure(a: StudyAnalysis, machine: dict, other: str, guidel
         where = ", ".join(f"{r['placement']} ({r['bucket_cap_mb']:g} MiB)" for _, r in larger.iterrows())
         return {"verdict": "contradicted", "number": num,
                 "why": f"{DECIDES}; at {where} the KAN exposes more communication than the MLP with the same gradient "
-                       f"bytes, the whole paired 95% interval beyond the margin ({stats.MARGIN:.0%} of the MLP's step)"}
+                       f"bytes, the whole paired 95% interval beyond the margin ({stats.MARGIN:.0%} of the MLP's step); "
+                       "the exposed part also holds the ranks' waiting for each other's compute, longer for the KAN, "
+                       "which a busy machine enlarges"}
     if len(few):
         return {"verdict": "untested", "number": num,
                 "why": f"{DECIDES}; a paired decision needs {stats.MIN_PAIRS} rounds of both models, "
