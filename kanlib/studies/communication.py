@@ -817,9 +817,9 @@ def judge_gradient_structure(a: StudyAnalysis, machine: dict, other: str, guidel
         where = ", ".join(f"{r['placement']} ({r['bucket_cap_mb']:g} MiB)" for _, r in larger.iterrows())
         return {"verdict": "contradicted", "number": num,
                 "why": f"{DECIDES}; at {where} the KAN exposes more communication than the MLP with the same gradient "
-                       f"bytes, the whole paired 95% interval beyond the margin ({stats.MARGIN:.0%} of the MLP's step); "
-                       "the exposed part also holds the ranks' waiting for each other's compute, longer for the KAN, "
-                       "which a busy machine enlarges"}
+                       f"bytes, the whole paired 95% interval beyond the margin ({stats.MARGIN:.0%} of the MLP's "
+                       "step); the exposed part also holds the ranks' waiting for each other's compute, longer for "
+                       "the KAN, which a busy machine enlarges"}
     if len(few):
         return {"verdict": "untested", "number": num,
                 "why": f"{DECIDES}; a paired decision needs {stats.MIN_PAIRS} rounds of both models, "
