@@ -21,6 +21,12 @@
 # placements (`"NxP"`; `1x2` and `2x1` put the same 2 processes on one node and across two), bucket sizes
 # and, on NCCL, `nccl_algos` (`NCCL_ALGO`; every `NCCL_*` variable is recorded).
 #
+# **KAN against its matched-parameter MLP** (at `mlp_bucket_caps_mb`, every placement): the MLP with the KAN's
+# input and output widths and the parameter count nearest the KAN's (`kanlib.model.matched_mlp`), so the all-reduce
+# carries nearly the same gradient bytes, runs beside the KAN with the same global batch, its own no-op twin and the
+# same repeats, in the same rounds. The analysis compares their exposed and total communication round by round:
+# whether the overhead comes from the all-reduce and the link, whatever the model, or from KAN's gradients.
+#
 # **Data-parallel options** (at `option_placements` and `option_bucket_caps_mb`, each beside its own no-op
 # twin and plain DDP): the compressed hooks of `comm_hooks` (bf16, fp16, PowerSGD with `powersgd_rank`) and the
 # DDP settings of `options` (each a dict of config fields: `grad_accum_steps`, `gradient_as_bucket_view`,
@@ -41,6 +47,7 @@ procs_per_node: int = 0  # with world_sizes: 0 puts all processes on one node
 bucket_caps_mb: list[float] = [25.0]  # DDP bucket sizes in MiB
 nccl_algos: list[str] = [""]  # e.g. ["Ring", "Tree"] on NCCL; "" lets NCCL choose
 repeats: int = 1  # separate runs per point
+mlp_bucket_caps_mb: list[float] = [25.0]  # bucket sizes where the KAN runs beside its matched MLP ([] for none)
 comm_hooks: list[str] = ["bf16"]  # compressed hooks beside plain DDP: bf16 | fp16 | powersgd (config's powersgd_rank)
 options: list[dict] = []  # DDP settings beside plain DDP, e.g. {"static_graph": True}, {"grad_accum_steps": 2}
 option_placements: list[str] = ["1x2"]  # where the hooks and options run
@@ -73,7 +80,7 @@ notebook.check_parameters(globals())
 base = plans.settings(base_config, config, out_dir=out_dir)  # RunConfig fields; the plan builds the configs
 configs = plans.communication(world_sizes or None, base, bucket_caps_mb=bucket_caps_mb, nccl_algos=nccl_algos,
                               repeats=repeats, procs_per_node=procs_per_node,
-                              placements=None if world_sizes else placements)
+                              placements=None if world_sizes else placements, mlp_bucket_caps_mb=mlp_bucket_caps_mb)
 # the data-parallel options, each beside plain DDP and its no-op twin, after the same samples
 configs += plans.communication_options(base, option_placements, option_bucket_caps_mb, comm_hooks, options,
                                        nccl_algos=nccl_algos, repeats=option_repeats)

@@ -176,26 +176,51 @@ def weak_scaling(world_sizes=None, base: RunConfig | Mapping | None = None, per_
 
 def communication(world_sizes=None, base: RunConfig | Mapping | None = None, bucket_caps_mb=(25.0,),
                   nccl_algos=("",), repeats: int = 1, procs_per_node: int | None = None, placements=None,
-                  comm_hooks=("timed",), emulate_latency_s: float = 0.0, emulate_bandwidth_bytes_per_s: float = 0.0):
+                  comm_hooks=("timed",), emulate_latency_s: float = 0.0, emulate_bandwidth_bytes_per_s: float = 0.0,
+                  mlp_bucket_caps_mb=()):
     """For each placement, bucket size, NCCL algorithm and communication hook: one run with that hook
     (timed all-reduce, or bf16/fp16/powersgd) and one with the no-op hook, so exposed communication =
     T_hook - T_noop (kanlib.studies.communication). Single-process placements are skipped (nothing to communicate).
-    ``emulate_*`` put an emulated inter-node link under the multi-node placements (kanlib.hooks)."""
+    ``emulate_*`` put an emulated inter-node link under the multi-node placements (kanlib.hooks).
+
+    ``mlp_bucket_caps_mb``: at each of these bucket sizes every placement's KAN also runs beside its
+    matched-parameter MLP (:func:`mlp_twin`: the parameter count nearest the KAN's, so the all-reduce carries
+    nearly the same gradient bytes), with the same global batch, hooks, no-op twins and repeats: repeat ``r`` of
+    both runs in round ``r`` (one worker group per placement and round, runners/sweep.py), so that they are compared
+    round by round (kanlib.studies.communication.gradient_structure). A bucket size not in ``bucket_caps_mb`` adds
+    the KAN's runs there too."""
     base = _base(base, _COMM_SETS)
+    points = placements_of(world_sizes, placements, procs_per_node)
+    twin = mlp_twin(base) if mlp_bucket_caps_mb else None
     cfgs = []
     for algo in nccl_algos:
-        for cap in bucket_caps_mb:
-            for nodes, ppn in placements_of(world_sizes, placements, procs_per_node):
+        for cap in (*bucket_caps_mb, *mlp_bucket_caps_mb):
+            models = [base] + ([twin] if twin is not None and cap in mlp_bucket_caps_mb else [])
+            for nodes, ppn in points:
                 if nodes * ppn < 2:
                     continue
-                for hook in (*comm_hooks, "noop"):
-                    emulate = hook != "noop" and nodes > 1
-                    cfgs.append(base.replace(
-                        study="communication", nnodes=nodes, nproc_per_node=ppn, bucket_cap_mb=float(cap),
-                        nccl_algo=algo, comm_hook=hook,
-                        emulate_latency_s=float(emulate_latency_s) if emulate else 0.0,
-                        emulate_bandwidth_bytes_per_s=float(emulate_bandwidth_bytes_per_s) if emulate else 0.0))
+                for model in models:
+                    for hook in (*comm_hooks, "noop"):
+                        emulate = hook != "noop" and nodes > 1
+                        cfgs.append(model.replace(
+                            study="communication", nnodes=nodes, nproc_per_node=ppn, bucket_cap_mb=float(cap),
+                            nccl_algo=algo, comm_hook=hook,
+                            emulate_latency_s=float(emulate_latency_s) if emulate else 0.0,
+                            emulate_bandwidth_bytes_per_s=float(emulate_bandwidth_bytes_per_s) if emulate else 0.0))
     return _repeat(_unique(cfgs), repeats)
+
+
+def mlp_twin(base: RunConfig) -> RunConfig:
+    """``base`` (a KAN of any kind) with the model replaced by its matched-parameter MLP
+    (:func:`kanlib.model.matched_mlp`: the KAN's input and output widths, every hidden width scaled alike, the
+    parameter count nearest the KAN's); everything else as it is (batch, data, optimizer, ...). Raises ConfigError
+    when ``base`` is already an MLP."""
+    from kanlib.model import build_model, matched_mlp
+
+    if base.model == "mlp":
+        raise ConfigError("mlp_bucket_caps_mb: the study's model is already the MLP; an MLP twin is matched to a KAN")
+    mlp = matched_mlp(build_model(base.replace(kan_impl="reference")))  # the reference layer: nothing compiled here
+    return base.replace(model="mlp", widths=tuple(mlp.widths))
 
 
 def communication_options(base: RunConfig | Mapping | None = None, placements=("1x2",), bucket_caps_mb=(25.0,),

@@ -296,3 +296,29 @@ def disturbed(recs, foreign=0.85):
     (kanlib.records.disturbance), each with a run id of its own."""
     return [dict(r, foreign_cpu_frac=foreign, interference_window_s=4.0, run_id=f"hog-{uuid.uuid4().hex}")
             for r in recs]
+
+
+# -- KAN beside its matched-parameter MLP --------------------------------------------------------------
+KAN_PARAMS, MLP_PARAMS = 42880, 43051  # [2, 64, 64, 1] and its matched MLP [2, 205, 205, 1]
+
+
+def twin_records(kan=(0.008, 0.002, 0.004), mlp=(0.002, 0.002, 0.004), placements=("1x2", "2x1"),
+                 drift=(1.0, 1.4, 0.8, 1.2, 0.9), hook_noise=0.0):
+    """Communication records of a KAN and its matched-parameter MLP twin at each placement, 25 MiB buckets, one
+    round per entry of ``drift`` (a load factor on every run of the round). Per model ``(no-op step, exposed,
+    hook time)`` in seconds: the timed run's step is ``(no-op + exposed) x drift``, its hook time ``hook x drift``
+    (+ ``hook_noise`` alternating in sign by round); gradient bytes 4 x the parameters, in one bucket."""
+    out = []
+    for p in placements:
+        nodes, ppn = (int(v) for v in p.split("x"))
+        for model, widths, n_params, (noop, exposed, hook) in (("kan", [2, 64, 64, 1], KAN_PARAMS, kan),
+                                                              ("mlp", [2, 205, 205, 1], MLP_PARAMS, mlp)):
+            for r, f in enumerate(drift):
+                common = dict(study="communication", model=model, widths=widths, n_params=n_params,
+                              world_size=nodes * ppn, nnodes=nodes, nproc_per_node=ppn, global_batch=256, repeat=r,
+                              bucket_cap_mb=25.0)
+                out.append(rec(comm_hook="timed", step_time_s=(noop + exposed) * f,
+                               comm_total_s=hook * f + hook_noise * (-1) ** r, n_buckets=1,
+                               bucket_bytes=[4 * n_params], **common))
+                out.append(rec(comm_hook="noop", step_time_s=noop * f, **common))
+    return out

@@ -138,3 +138,35 @@ def test_exposed_communication_on_two_gloo_processes(tmp_path):
     # the raw difference is kept, and clipping it into [0, total] is flagged, never silent
     assert (t["exposed_raw_s"] == t["t_allreduce_s"] - t["t_noop_s"]).all()
     assert (t["exposed_clipped"] == ~t["exposed_raw_s"].between(0, t["comm_total_s"])).all()
+
+
+def test_communication_builder_runs_the_kan_beside_its_matched_mlp_in_the_same_rounds(tmp_path):
+    """mlp_bucket_caps_mb: at that bucket size every placement's KAN runs beside its matched-parameter MLP (timed and
+    no-op, same global batch and repeats), the two with the parameter count, so gradient bytes, within 1% (fp32: 4
+    bytes each), and each repeat of both in one round and one worker group (runners/sweep.py)."""
+    from kanlib.config import group_key
+    from kanlib.model import build_model, count_params
+    from runners.sweep import _rounds
+
+    base = RunConfig(widths=(2, 64, 64, 1), global_batch=256, optimizer="adam", out_dir=str(tmp_path))
+    c = plans.communication(base=base, placements=["1x2", "2x1"], bucket_caps_mb=[0.01, 25.0], repeats=3,
+                            mlp_bucket_caps_mb=[25.0])
+    mlp = [x for x in c if x.model == "mlp"]
+    assert len(c) == 3 * 2 * 2 * 3 and len(mlp) == 2 * 2 * 3  # (2 KAN buckets + the MLP) x placements x hooks x rounds
+    assert {x.bucket_cap_mb for x in mlp} == {25.0} and {x.widths for x in mlp} == {(2, 205, 205, 1)}
+    n_kan, n_mlp = count_params(build_model(base.replace(kan_impl="reference"))), count_params(build_model(mlp[0]))
+    assert (n_kan, n_mlp) == (42880, 43051) and abs(n_mlp - n_kan) <= 0.01 * n_kan
+    for m in mlp:
+        [kan] = [x for x in c if x.model == "kan" and (x.nnodes, x.nproc_per_node, x.bucket_cap_mb, x.comm_hook,
+                                                        x.repeat) == (m.nnodes, m.nproc_per_node, 25.0, m.comm_hook,
+                                                                      m.repeat)]
+        assert (kan.global_batch, kan.steps, kan.emulate_latency_s) == (m.global_batch, m.steps, m.emulate_latency_s)
+        assert group_key(kan) == group_key(m)  # one worker group: run back to back
+    assert [(r, sum(x.model == "mlp" for x in cs)) for r, cs in _rounds(c)] == [(0, 4), (1, 4), (2, 4)]
+    # a bucket size only the twins name adds the KAN's runs there too
+    c = plans.communication(base=base, placements=["1x2"], bucket_caps_mb=[0.01], mlp_bucket_caps_mb=[25.0])
+    assert sorted((x.model, x.bucket_cap_mb, x.comm_hook) for x in c) == [
+        ("kan", 0.01, "noop"), ("kan", 0.01, "timed"), ("kan", 25.0, "noop"), ("kan", 25.0, "timed"),
+        ("mlp", 25.0, "noop"), ("mlp", 25.0, "timed")]
+    with pytest.raises(ConfigError, match="^mlp_bucket_caps_mb: the study's model is already the MLP"):
+        plans.communication(base=base.replace(model="mlp"), placements=["1x2"], mlp_bucket_caps_mb=[25.0])
