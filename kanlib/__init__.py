@@ -8,6 +8,10 @@ import importlib
 
 __version__ = "0.1.0"
 
+GPU_CHECKED: str | None = None
+"""Where and when kanlib's CUDA/NCCL path last ran on a GPU (benchmarks/gpu_check.sh; docs/gpu.md), or None while
+it never has: the report's bottom line says so."""
+
 _EXPORTS = {
     "kanlib.bspline": ("bspline_basis", "make_grid"),
     "kanlib.config": ("ConfigError", "RunConfig"),

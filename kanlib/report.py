@@ -289,7 +289,7 @@ def verdicts(all_a: dict[str, StudyAnalysis], guidelines=None, out_dir: str = ""
     out = []
     for c in published_claims():
         a = all_a.get(c.study) if c.study else None
-        v = {"claim": c.title, "published": c.published, "study": c.study or "guidelines"}
+        v = {"claim": c.title, "published": c.published, "study": c.study or "guidelines", "test_with": c.test_with}
         if c.study and (a is None or a.empty or a.table is None or a.table.empty):
             gone = [d for d in dist if d["study"] == c.study and not d["kept"]]
             why = (f"every {c.study} run was disturbed ({len(gone)} left out; disturbed='keep' shows them apart)"
@@ -302,12 +302,51 @@ def verdicts(all_a: dict[str, StudyAnalysis], guidelines=None, out_dir: str = ""
 
 
 def _verdict_html(vs: list[dict]) -> str:
-    rows = "".join(f"<tr class='verdict v-{v['verdict'].replace(' ', '-')}'><td><a href='#{v['study']}'>"
-                   f"{html.escape(v['claim'])}</a></td><td>{html.escape(v['published'])}</td>"
-                   f"<td><b>{html.escape(v['verdict'])}</b></td><td>{html.escape(v['number'])}</td>"
-                   f"<td>{html.escape(v['why'])}</td></tr>" for v in vs)
+    """The verdict per published claim. A number measured on a machine the claim does not carry to is shown as this
+    machine's, muted, never in the column beside the paper's as if it compared; each row says what run would test
+    the claim where this one cannot, and links the section whose figures decide it."""
+    rows = []
+    for v in vs:
+        nc = v["verdict"] in (claims.NOT_COMPARABLE, "untested")
+        here = (f"<span class='muted'>this machine: {html.escape(v['number'])}</span>" if nc and v["number"] else
+                html.escape(v["number"]))
+        test = html.escape(v.get("test_with") or "") if nc else "decided here"
+        rows.append(f"<tr class='verdict v-{v['verdict'].replace(' ', '-')}'><td><a href='#{v['study']}'>"
+                    f"{html.escape(v['claim'])}</a></td><td>{html.escape(v['published'])}</td>"
+                    f"<td><b>{html.escape(v['verdict'])}</b></td><td>{here}</td><td>{html.escape(v['why'])}</td>"
+                    f"<td>{test or 'any machine'}</td></tr>")
     return ("<table id='verdicts' class='verdicts'><tr><th>published claim</th><th>the paper</th><th>verdict</th>"
-            "<th>here</th><th>why</th></tr>" + rows + "</table>")
+            "<th>measured</th><th>why</th><th>what would test it</th></tr>" + "".join(rows) + "</table>")
+
+
+def bottom_line_html(vs: list[dict], m: dict) -> str:
+    """The first screen's first paragraph: what machine this was, what its records can and cannot decide, and
+    whether kanlib's CUDA/NCCL path has run on a GPU."""
+    import kanlib
+
+    here = m["rows"][1][1] if len(m["rows"]) > 1 else "not recorded"
+    decided = [v["claim"] for v in vs if v["verdict"] in ("confirmed", "contradicted")]
+    not_here = [v["claim"] for v in vs if v["verdict"] == claims.NOT_COMPARABLE]
+    untested = [v["claim"] for v in vs if v["verdict"] == "untested"]
+    why = claims.not_here(m)
+    text = [f"<b>Bottom line.</b> These records come from: {html.escape(here)}; up to {m['max_n']} process(es)"
+            + ("" if m["real_nodes"] else ", every 'node' on one host") + "."]
+    text.append(("They decide: " + "; ".join(f"<b>{html.escape(c)}</b>" for c in decided) + ".") if decided else
+                "They decide none of the published claims.")
+    if not_here:
+        text.append(f"{len(not_here)} claim(s) depend on what this machine is not ({html.escape(why)}): their "
+                    f"numbers below are this machine's, not comparable with the paper's; the last column says what "
+                    f"run would test each.")
+    if untested:
+        text.append(f"Untested here (no records, or too few): {html.escape(', '.join(untested))}.")
+    gpu = (f"kanlib's CUDA/NCCL path last ran on a GPU: {html.escape(kanlib.GPU_CHECKED)}." if kanlib.GPU_CHECKED
+           else "kanlib's CUDA/NCCL path has not run on a GPU yet: it is written for one and tested on CPU only.")
+    if not m["on_gpu"]:
+        text.append(gpu)
+    text.append("Intervals: a median over runs with its distribution-free 95% interval; with 5 runs that interval "
+                "is the runs' [min, max] (about 94% coverage). A decision is flagged (!) only when it could change "
+                "within its intervals or rests on disturbed points or too few runs (see the glossary).")
+    return "<div id='bottom-line'><p>" + " ".join(text) + "</p></div>"
 
 
 def _own_html(found: list[dict]) -> str:
@@ -366,12 +405,14 @@ def first_run_sentence(e: dict) -> str:
 
 
 def front_page_html(all_a: dict[str, StudyAnalysis], guidelines, out_dir: str, ctx: Context) -> str:
-    """One screen: a verdict per published claim, the project's own findings, the machine."""
+    """One screen: the bottom line (the machine, what it can and cannot decide), a verdict per published claim with
+    what would test it, then the project's own findings and the machine."""
     vs = verdicts(all_a, guidelines, out_dir, ctx)
+    m = machine(all_a, out_dir, _disturbed(ctx), ctx)
     mc = ctx.model_check()
     model = "" if mc.usable else f"<p class='warn'>{html.escape(mc.describe()[0].upper() + mc.describe()[1:])}.</p>"
-    return (_verdict_html(vs) + model + "<div class='two'><div>" + _own_html(findings(all_a)) + "</div><div>"
-            + _machine_html(machine(all_a, out_dir, _disturbed(ctx), ctx)) + "</div></div>")
+    return (bottom_line_html(vs, m) + _verdict_html(vs) + model + "<div class='two'><div>"
+            + _own_html(findings(all_a)) + "</div><div>" + _machine_html(m) + "</div></div>")
 
 
 # -- methods and records ------------------------------------------------------------------------------
@@ -454,9 +495,72 @@ def _records_html(analyses: dict[str, StudyAnalysis], report_dir: str, bench: pd
     return "".join(parts)
 
 
-def _section(title: str, body: str, anchor: str = "") -> str:
+def _section(title: str, body: str, anchor: str = "", folded: bool = True) -> str:
+    """A section of the page; folded (a closed ``<details>``) unless it is the first screen's: the page stays short,
+    and a reader opens what they need from the table of contents."""
     a = f" id='{anchor}'" if anchor else ""
-    return f"<section{a}><h2>{html.escape(title)}</h2>{body}</section>\n"
+    return (f"<section{a}><details class='section'{'' if folded else ' open'}><summary><h2>{html.escape(title)}</h2>"
+            f"</summary>{body}</details></section>\n")
+
+
+TOC_SCRIPT = ("<script>document.querySelectorAll('details').forEach(function(d){d.addEventListener('toggle',"
+              "function(){if(d.open){d.querySelectorAll('.js-plotly-plot').forEach(function(p){Plotly.Plots.resize(p)"
+              "})}})});document.querySelectorAll('nav#toc a').forEach(function(a){a.addEventListener('click',"
+              "function(){var s=document.querySelector(a.getAttribute('href'));if(s){var d=s.querySelector("
+              "'details');if(d){d.open=true}}})});if(location.hash){var s=document.querySelector(location.hash);"
+              "if(s){var d=s.querySelector('details');if(d){d.open=true}}}</script>")
+"""Figures drawn inside a folded section are resized when it opens; a table-of-contents link (or a link with a
+section's anchor) opens the section it points to."""
+
+GLOSSARY = (
+    ("placement NxP", "N nodes x P processes per node; on one host the 'nodes' are separate torchrun launches "
+                      "talking over loopback."),
+    ("efficiency", "strong scaling: speedup over N, speedup = T(1)/T(N) at a fixed global batch. E_w (weak "
+                   "scaling): throughput at N over N times the one-process throughput, at a fixed batch per process."),
+    ("interval", "the median of a point's runs with its distribution-free 95% interval (a bootstrap of the median); "
+                 "with 5 runs it is the runs' [min, max], about 94% coverage. Fewer than 5 runs: the runs are shown, "
+                 "no interval, and nothing is ranked on them."),
+    ("flagged (!)", "a decision that could change within its intervals (a threshold its interval holds, a tie its "
+                    "intervals could break) or that rests on a point with a disturbed run or too few runs."),
+    ("wide", "a point whose runs spread more than the 10% decision margin: its interval is wide; that alone flags no "
+             "decision."),
+    ("disturbed", "a run during whose measured steps other processes took its CPUs (per-CPU counters) or it "
+                  "waited for a CPU: left out of the analysis and named; the sweep runs it once more."),
+    ("exposed communication", "step time with DDP's all-reduce minus step time of the no-op twin (the same run "
+                              "with a communication hook that sends nothing): the communication that does not "
+                              "overlap the backward pass."),
+    ("no-op twin", "the run repeated with a communication hook that returns the gradients unsent: bucketing and "
+                   "copies stay, only the network goes."),
+    ("hook time, waiting share", "the all-reduce time a timed communication hook sees, which includes waiting for "
+                                 "the slower rank; the waiting share is what the collective benchmark's transfer "
+                                 "time does not explain."),
+    ("algbw, busbw", "nccl-tests' bandwidths: algbw = bytes / time; busbw = algbw x 2(N-1)/N, what each link "
+                     "carried in a ring all-reduce (comparable across N)."),
+    ("Karp-Flatt serial fraction", "e = (1/S - 1/N) / (1 - 1/N) from the measured speedup S: rising with N means an "
+                                   "overhead that grows with N (communication), not a fixed serial part."),
+    ("link model", "latency + bytes / bandwidth per all-reduce step, fitted on the collective benchmark, with "
+                   "the ranks' waiting; it predicts the DDP step and extrapolates to other world sizes."),
+    ("preset (e.g. a100-hdr)", "a link and compute model of a named GPU cluster from its vendors' numbers, for "
+                               "what-if predictions (kanlib.analysis.presets)."),
+    ("lr_rule", "how the learning rate follows the global batch in the time-to-accuracy study: none, linear or "
+                "sqrt scaling from lr_base_batch."),
+    ("statistical efficiency", "steps (or samples) to a target loss at N against at 1: a larger batch can need "
+                               "more samples to reach the same loss."),
+    ("matched-parameter MLP", "an MLP with (about) the KAN's parameter count, so both all-reduce the same gradient "
+                              "bytes."),
+)
+"""Every term the report uses that a reader may not know, with its definition (docs/measurement.md has more)."""
+
+
+def glossary_html() -> str:
+    return ("<dl class='glossary'>" + "".join(f"<dt>{html.escape(t)}</dt><dd>{html.escape(d)}</dd>"
+                                             for t, d in GLOSSARY) + "</dl>")
+
+
+def toc_html(entries: list[tuple[str, str]]) -> str:
+    """The table of contents: one link per section (anchor, title)."""
+    return "<nav id='toc'><b>Contents:</b> " + "".join(f"<a href='#{a}'>{html.escape(t)}</a>"
+                                                       for a, t in entries) + "</nav>"
 
 
 CSS = ("body{font-family:system-ui,sans-serif;max-width:1250px;margin:auto;padding:1em;color:#222}"
@@ -466,7 +570,11 @@ CSS = ("body{font-family:system-ui,sans-serif;max-width:1250px;margin:auto;paddi
        "table.kv th{width:14em}.verdicts td:nth-child(3){white-space:nowrap}.v-confirmed td:nth-child(3){color:#1a7f37}"
        ".v-contradicted td:nth-child(3){color:#c0392b}.v-not-comparable-here td:nth-child(3){color:#8a6d00}"
        ".v-untested td:nth-child(3){color:#666}.warn{color:#c0392b;font-weight:600}"
-       ".two{display:flex;gap:1em}.two>div{flex:1;min-width:0}")
+       ".two{display:flex;gap:1em}.two>div{flex:1;min-width:0}.muted{color:#777}"
+       "#bottom-line{background:#f6f8fa;border-left:4px solid #1f6feb;padding:.2em 1em;font-size:14px}"
+       "nav#toc{font-size:13px;margin:.5em 0}nav#toc a{margin-right:1em}"
+       "details.section>summary{cursor:pointer}details.section>summary h2{display:inline}"
+       "dl.glossary dt{font-weight:600}dl.glossary dd{margin:0 0 .4em 1.5em}")
 
 
 def _findings_html(found: list[dict]) -> str:
@@ -479,15 +587,26 @@ def _findings_html(found: list[dict]) -> str:
 
 
 def guidelines_html(g) -> str:
-    """The decisions as a table (unstable ones marked, with what they rest on), then the sentences folded."""
+    """The decisions on one screen: question, answer, a flag (! with its reason folded) and a link to the section
+    whose figures and tables are its evidence; the sentences folded below."""
     t = g.table
-    rows = "".join(f"<tr><td>{html.escape(str(r['question']))}</td><td>{html.escape(str(r['group']))}</td>"
-                   f"<td>{html.escape(str(r['answer']))}</td><td>{'' if r['ranked'] else 'not ranked: '}"
-                   f"{int(r['runs'])} run(s)</td><td>{html.escape(str(r['rests_on'] or ''))}</td></tr>"
-                   for _, r in t.iterrows())
+    rows = []
+    for _, r in t.iterrows():
+        study = getattr(g, "records_of", {}).get((r["question"], r["group"]), "")
+        flag = str(r["rests_on"] or "")
+        if not r["ranked"]:
+            flag = f"not ranked: {int(r['runs'])} run(s)" + (f"; {flag}" if flag else "")
+        cell = (f"<details><summary>!</summary>{html.escape(flag)}</details>" if flag else "")
+        link = f"<a href='#{html.escape(study)}'>evidence</a>" if study else ""
+        group = f" <span class='muted'>[{html.escape(str(r['group']))}]</span>" if r["group"] else ""
+        rows.append(f"<tr><td>{html.escape(str(r['question']))}{group}</td><td>{html.escape(str(r['answer']))}</td>"
+                    f"<td>{cell}</td><td>{link}</td></tr>")
+    n_flag = int((t["rests_on"].fillna("") != "").sum()) if len(t) else 0
     items = "".join(f"<li>{html.escape(s)}</li>" for s in g.sentences)
-    return ("<table class='decisions'><tr><th>question</th><th>group</th><th>answer</th><th>fewest runs per point"
-            "</th><th>flagged: could change within its intervals, or rests on disturbed points</th></tr>" + rows + "</table>"
+    return (f"<p class='note'>{len(t)} decisions, {n_flag} flagged (could change within their intervals, or rest on "
+            f"disturbed points or too few runs: open ! for why).</p>"
+            "<table class='decisions'><tr><th>question [group]</th><th>answer</th><th>flag</th><th></th></tr>"
+            + "".join(rows) + "</table>"
             + f"<details><summary>every guideline as a sentence ({len(g.sentences)})</summary><ul>{items}</ul>"
               f"</details>")
 
@@ -519,12 +638,12 @@ def build_report(out_dir: str, guidelines=None, path: str | None = None, code: s
     all_a = analyses(out_dir, code, published, extrapolate, ctx)
     if guidelines is not None and getattr(guidelines, "context", None) is None:
         guidelines.context = ctx
-    parts = [_section("What these records show", front_page_html(all_a, guidelines, out_dir, ctx), "front"),
-             _section("Stability", stability_html(ctx), "stability"),
-             _section("All findings beside the published study", _findings_html(findings(all_a)), "findings")]
+    front = front_page_html(all_a, guidelines, out_dir, ctx)
+    parts = [("stability", "Stability", stability_html(ctx)),
+             ("findings", "All findings beside the published study", _findings_html(findings(all_a)))]
     if guidelines is not None:
-        parts.append(_section("Deployment guidelines (computed from these records)", guidelines_html(guidelines),
-                              "guidelines"))
+        parts.append(("guidelines", "Deployment guidelines (computed from these records)",
+                      guidelines_html(guidelines)))
     where = os.path.relpath(os.path.abspath(out_dir), report_dir)
     mc = ctx.model_check()
     for name, title in studies.titles().items():
@@ -533,21 +652,22 @@ def build_report(out_dir: str, guidelines=None, path: str | None = None, code: s
                                    f"what-if, shown for the record, not a prediction. " + all_a[name].message)
         # messages name the folder absolutely ("no records ... under /abs/path"); the report says it relatively
         body = all_a[name].html().replace(html.escape(os.path.abspath(out_dir)), html.escape(where))
-        parts.append(_section(title, body, name))
-    parts.append(_section("Methods", methods_html(all_a, report_dir), "methods"))
+        parts.append((name, title, body))
+    parts.append(("methods", "Methods", methods_html(all_a, report_dir)))
     figs = os.path.relpath(os.path.join(os.path.abspath(out_dir), "figures"), report_dir)
-    parts.append(_section("Raw records", f"<p>Each run's folder holds config.json, steps.csv, launch.log and "
-                                         f"record.json; every figure is also a file under "
-                                         f"<a href='{html.escape(figs)}/'>{html.escape(figs)}/</a>.</p>"
-                                         + _records_html(all_a, report_dir, ctx.bench()), "records"))
+    parts.append(("records", "Raw records", f"<p>Each run's folder holds config.json, steps.csv, launch.log and "
+                                            f"record.json; every figure is also a file under "
+                                            f"<a href='{html.escape(figs)}/'>{html.escape(figs)}/</a>.</p>"
+                  + _records_html(all_a, report_dir, ctx.bench())))
+    parts.append(("glossary", "Glossary", glossary_html()))
+    toc = toc_html([("front", "Bottom line and verdicts")] + [(a, t) for a, t, _ in parts])
     doc = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>kanlib scaling study</title>"
            f"<script type='text/javascript'>{get_plotlyjs()}</script><style>{CSS}</style></head><body>"
            "<h1>How KAN training scales with PyTorch DDP</h1>"
-           f"<p class='note'>Computed from the records under <code>{html.escape(where)}/</code> (relative to this "
-           f"file); generated {records.now_iso()}. A verdict per published claim, the project's own findings and the "
-           f"machine first; then stability, every finding, the guidelines, each study's figures and tables, the "
-           f"published setup and the extrapolation, the methods and the raw records.</p>"
-           + "".join(parts) + "</body></html>")
+           + _section("Bottom line and verdicts", front, "front", folded=False) + toc
+           + "".join(_section(t, body, a, folded=a != "guidelines") for a, t, body in parts)
+           + f"<p class='note'>Computed from the records under <code>{html.escape(where)}/</code> (relative to this "
+             f"file); generated {records.now_iso()}.</p>" + TOC_SCRIPT + "</body></html>")
     os.makedirs(report_dir, exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

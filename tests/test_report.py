@@ -90,9 +90,16 @@ def test_report_findings_first_offline_and_relative(study_dir):
     assert not re.search(r"<script[^>]+src=", text) and not re.search(r"<link[^>]+href=", text)
     assert "http" not in without_scripts(text) and not re.search(r"mathjax[^'\"]*\.js", text, re.I)
     body = text[text.index("<body>"):]
-    # the verdicts come first, then every finding beside the published numbers, the guidelines, the studies
-    assert body.index("id='verdicts'") < body.index("<h2>All findings beside the published study</h2>") \
-        < body.index("<h2>Deployment guidelines") < body.index("Strong scaling (")
+    # the bottom line and the verdicts come first, then the table of contents, every finding beside the published
+    # numbers, the guidelines, the studies, the glossary
+    assert body.index("id='bottom-line'") < body.index("id='verdicts'") < body.index("id='toc'") \
+        < body.index("<h2>All findings beside the published study</h2>") < body.index("<h2>Deployment guidelines") \
+        < body.index("<h2>Strong scaling (") < body.index("<h2>Glossary</h2>")
+    # every section is in the contents and folded but the first screen's and the guidelines
+    toc = body[body.index("id='toc'"):body.index("</nav>")]
+    for anchor in re.findall(r"<section id='([^']+)'>", body):
+        assert f"href='#{anchor}'" in toc, anchor
+    assert re.findall(r"<section id='([^']+)'><details class='section' open>", body) == ["front", "guidelines"]
     for published in ("speedup 5.97x, efficiency 74.7% at 8 GPUs over 4 nodes", "1.3%-6.1%",
                       "a drop in efficiency from 1 to several GPUs, then stable", "parameters-per-byte"):
         assert published in body
@@ -386,7 +393,7 @@ def test_a_study_modules_claim_reaches_the_front_page_through_the_registry(full_
     by = {v["claim"]: v for v in vs}
     assert by["A test claim"] == {"claim": "A test claim", "published": "the paper's test number",
                                   "study": "weak_scaling", "verdict": "confirmed", "number": "42 steps",
-                                  "why": "a test claim"}
+                                  "why": "a test claim", "test_with": claims.CLUSTER_RUN}
     assert seen == [("weak_scaling", claims.not_here(report.machine(report.analyses(
         str(full_study_dir), ctx=g.context), str(full_study_dir), report._disturbed(g.context), g.context)))]
     # the paper's numbers stand once (presets.PUBLISHED): the claim texts are made from them

@@ -20,6 +20,9 @@ NOT_COMPARABLE = VERDICTS[2]
 
 PAPER_GPUS = PUBLISHED["world_size"]
 PAPER_NODES = PUBLISHED["nnodes"]
+CLUSTER_RUN = (f"at least {PAPER_GPUS} GPUs over at least 2 nodes: make study PARAMS_SET=gpu_cluster, submitted "
+               f"under SLURM (docs/cluster.md)")
+"""The run that tests a claim measured on the paper's GPU cluster."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class Claim:
     judge: Callable[..., dict]
     study: str = ""
     """The report section whose records the claim is judged on ('' for one judged on the guidelines)."""
+    test_with: str = CLUSTER_RUN
+    """What run would test the claim where this machine cannot ('' for a claim any machine decides)."""
 
 
 def not_here(machine: dict) -> str:

@@ -860,8 +860,9 @@ def judge_attribution(a: StudyAnalysis, machine: dict, other: str, guidelines=No
 
 CLAIMS = (claims.Claim("Communication overhead", f"{PUBLISHED_RANGE} of the step", judge_overhead, NAME),
           claims.Claim("Attribution: not KAN's gradient structure", "the overhead is the all-reduce and the link, not "
-                       "KAN's gradients (not measured)", judge_gradient_structure, NAME),
+                       "KAN's gradients (not measured)", judge_gradient_structure, NAME, test_with=""),
           claims.Claim("Attribution: all-reduce algorithm and inter-node latency", "to the all-reduce algorithm and "
-                       "inter-node latency (not measured)", judge_attribution, NAME))
+                       "inter-node latency (not measured)", judge_attribution, NAME,
+                       test_with=claims.CLUSTER_RUN + "; its collective benchmark per NCCL algorithm (nccl_algos)"))
 """The published claims this study answers: the attribution in two parts, the one any machine decides (KAN against
 a matched-parameter MLP at equal gradient bytes) and the one that needs a cluster."""

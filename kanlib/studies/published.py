@@ -248,5 +248,6 @@ def judge_guidelines(a, machine: dict, other: str, guidelines=None, ctx=None) ->
             "why": "; ".join(why)}
 
 
-CLAIMS = (claims.Claim("Deployment guidelines", "guidelines for deploying KAN training with DDP", judge_guidelines),)
+CLAIMS = (claims.Claim("Deployment guidelines", "guidelines for deploying KAN training with DDP", judge_guidelines,
+                       test_with=claims.CLUSTER_RUN + "; then python -m kanlib.advise OUT"),)
 """The published claim judged on the folder's guidelines rather than one study's records."""
