@@ -11,7 +11,6 @@ The fast B-spline kernels live in :mod:`kanlib.fast_kan`; :func:`kernel_paths` s
 from __future__ import annotations
 
 import math
-import warnings
 from typing import get_args
 
 import torch
@@ -76,11 +75,13 @@ class KANLinear(_Layer):
     - ``"reference"``: the Cox-de Boor recursion over all knots and two GEMMs; the readable definition.
 
     The fast paths save only x and parameter-sized tensors for backward (the basis is rebuilt there).
-    They need a grid uniform to within its dtype's rounding (:func:`kanlib.fast_kan.uniform_grid`):
-    the initial grid, or one refit by :meth:`update_grid` with ``grid_eps=1``. Otherwise (``grid_eps < 1``,
-    hand-edited knots, a float32 grid cast to float64) the layer runs the reference computation;
-    :func:`kernel_paths` reports what actually ran. Under bf16/fp16 autocast the basis is computed in
-    float32 and only the GEMMs run in the autocast dtype. Non-finite inputs give non-finite outputs.
+    On a grid uniform to within its dtype's rounding (:func:`kanlib.fast_kan.uniform_grid`: the initial
+    grid, or one refit by :meth:`update_grid` with ``grid_eps=1``) they use the uniform closed form; on any
+    other strictly increasing knots (``grid_eps < 1``, hand-edited knots) Cox-de Boor on the knots of each
+    basis's support (:func:`kanlib.fast_kan.knot_grid`). Only knots that are not strictly increasing leave
+    the layer on the reference computation; :func:`kernel_paths` reports what actually ran. Under bf16/fp16
+    autocast the basis is computed in float32 and only the GEMMs run in the autocast dtype. Non-finite inputs
+    give non-finite outputs.
 
     x: ``(..., in_features)`` -> ``(..., out_features)``.
     """
@@ -107,6 +108,7 @@ class KANLinear(_Layer):
         self.register_buffer("grid", make_grid(in_features, grid_size, spline_order, grid_range))
         self.paths_run: set[str] = set()  # kernel paths executed since construction / reset_kernel_paths
         self._uniform: fast_kan.UniformGrid | None = None
+        self._knots: fast_kan.KnotGrid | None = None  # where the grid is not uniform
         self._grid_seen = None
         self.refresh_grid()
         self.register_load_state_dict_post_hook(lambda module, _keys: module.refresh_grid())
@@ -141,19 +143,16 @@ class KANLinear(_Layer):
 
     @torch.no_grad()
     def refresh_grid(self) -> None:
-        """Recompute the closed-form constants (:class:`kanlib.fast_kan.UniformGrid`) from ``self.grid``.
+        """Recompute the kernels' constants from ``self.grid``: the closed form's
+        (:class:`kanlib.fast_kan.UniformGrid`) on a uniform grid, else the knot tables
+        (:class:`kanlib.fast_kan.KnotGrid`; ``None`` for knots that are not strictly increasing).
 
         Called by ``__init__``, :meth:`update_grid`, ``load_state_dict`` and ``.to()``; an in-place write
         to ``self.grid`` is also noticed (by its version counter) at the next forward.
         """
         self._uniform = fast_kan.uniform_grid(self.grid, self.spline_order)
+        self._knots = None if self._uniform is not None else fast_kan.knot_grid(self.grid, self.spline_order)
         self._grid_seen = (self.grid.data_ptr(), self.grid._version)
-        if (self._uniform is None and self.impl != "reference" and self.grid.dtype == torch.float64
-                and fast_kan.uniform_grid(self.grid.float(), self.spline_order) is not None):
-            warnings.warn(f"KANLinear({self.in_features}, {self.out_features}, impl={self.impl!r}): its float64 grid "
-                          f"is uniform only to float32's rounding (float32 knots loaded into a float64 layer), so the "
-                          f"reference path runs; build the layer in float64, or move it with .double() before "
-                          f"loading", stacklevel=3)
 
     def _check_grid(self) -> None:
         if self._grid_seen != (self.grid.data_ptr(), self.grid._version):
@@ -187,12 +186,11 @@ class KANLinear(_Layer):
         """x: ``(batch, in)`` -> ``(batch, out)`` by the path ``impl`` asks for, where it can run."""
         x = x.to(_compute_dtype(x))  # bases in >= float32
         self._check_grid()
-        grid = self._uniform
+        grid = self._uniform or self._knots
         if self.impl == "reference" or grid is None:
             self.paths_run.add("reference")
             return self._forward_reference(x)
-        if grid.shift.dtype != x.dtype or grid.shift.device != x.device:
-            grid = grid._replace(shift=grid.shift.to(x), inv_h=grid.inv_h.to(x), cols=grid.cols.to(x.device))
+        grid = grid.like(x)
         gemm_dtype = _autocast_dtype(x.device.type) or x.dtype
         with torch.autocast(x.device.type, enabled=False):
             return fast_kan.kan_linear(
@@ -264,7 +262,7 @@ class KANLinear(_Layer):
 
         x: ``(batch, in)``, samples of the layer's inputs. The new interior knots interpolate the current ones
         linearly at ``grid_size + 1`` evenly spaced fractional positions (pykan's rule: a grid twice as fine
-        holds every current knot, and a uniform grid stays uniform, so the fast paths keep running), extended
+        holds every current knot, and a uniform grid stays uniform, so the closed form keeps running), extended
         by ``spline_order`` knots of the new mean interval on each side. The scaled coefficients are the
         least-squares fit (float64) of the current spline outputs at the samples and at ``4 * grid_size``
         evenly spaced points of the interior (so that every new basis is determined even where no sample
@@ -581,9 +579,9 @@ def kernel_paths(model: nn.Module) -> list[str]:
     since construction or :func:`reset_kernel_paths`: a sorted subset of ``["compiled", "fast",
     "reference"]`` (empty for models without :class:`KANLinear` or before the first forward).
 
-    "compiled" means torch.compile'd kernels ran; "fast" the eager closed form (asked for, or the
-    fallback where torch.compile failed); "reference" the Cox-de Boor path (asked for, or a grid that
-    is not uniform, e.g. after a grid update with ``grid_eps < 1``).
+    "compiled" means torch.compile'd kernels ran; "fast" the eager kernels (asked for, or the fallback
+    where torch.compile failed), on uniform and on data-adaptive grids alike; "reference" the Cox-de Boor
+    path over all knots (asked for, or knots that are not strictly increasing).
     """
     return sorted(set().union(*(m.paths_run for m in model.modules() if isinstance(m, KANLinear))))
 
