@@ -697,18 +697,20 @@ def _knot_basis(x, knots_t, inv, n_coeff: int, k: int, derivative: bool):
     """``(batch, C, in)``: ``B_j(x_i)`` (or ``dB_j/dx``) for every basis j, coefficient-major.
 
     Cox-de Boor's recursion on the k + 2 knots ``t_j .. t_{j+k+1}`` of basis j's support: k + 1 interval
-    indicators, then ``k (k + 1) / 2`` blends, each a few elementwise operations on knot rows sliced from the
-    parameter-sized ``knots_t: (n, in)`` and ``inv: (k, n, in)`` (no index depends on x, so inductor fuses it
-    all into one loop). ``dB_j/dx = k (B^{k-1}_j inv_k[j] - B^{k-1}_{j+1} inv_k[j+1])``. A non-finite x
+    indicators from k + 2 comparisons, then ``k (k + 1) / 2`` blends, each a few elementwise operations on knot
+    rows sliced from the parameter-sized ``knots_t: (n, in)`` and ``inv: (k, n, in)`` (no index depends on x, so
+    inductor fuses it all into one loop). ``dB_j/dx = k (B^{k-1}_j inv_k[j] - B^{k-1}_{j+1} inv_k[j+1])``. A non-finite x
     gives NaN (``(x - t) * 0``), as the reference does.
     """
     xs = x.unsqueeze(1)  # (batch, 1, in)
     t = [knots_t[r:r + n_coeff] for r in range(k + 2)]  # t[r]: (C, in), knot j + r of basis j
-    b = [((xs >= t[r]) & (xs < t[r + 1])).to(x.dtype) for r in range(k + 1)]  # order 0 on interval j + r
+    ge = [(xs >= t[r]).to(x.dtype) for r in range(k + 2)]
+    b = [ge[r] - ge[r + 1] for r in range(k + 1)]  # order 0 on interval j + r: [t_{j+r} <= x < t_{j+r+1}]
     for d in range(1, k if derivative else k + 1):
-        b = [(xs - t[r]) * inv[d - 1, r:r + n_coeff] * b[r]  # (x - t_{j+r}) / (t_{j+r+d} - t_{j+r})
-             + (t[r + d + 1] - xs) * inv[d - 1, r + 1:r + 1 + n_coeff] * b[r + 1]  # (t_{j+r+d+1} - x) / ...
-             for r in range(k + 1 - d)]  # order d on knots j + r .. j + r + d + 1
+        # w_r = (x - t_{j+r}) / (t_{j+r+d} - t_{j+r}); the right factor (t_{j+r+d+1} - x) / (t_{j+r+d+1} - t_{j+r+1})
+        # is 1 - w_{r+1}: each blend weight is computed once and used twice (half the work, same to rounding)
+        w = [(xs - t[r]) * inv[d - 1, r:r + n_coeff] for r in range(k + 2 - d)]
+        b = [w[r] * b[r] + (1 - w[r + 1]) * b[r + 1] for r in range(k + 1 - d)]  # order d, knots j + r .. + d + 1
     if derivative:
         return k * (b[0] * inv[k - 1, :n_coeff] - b[1] * inv[k - 1, 1:1 + n_coeff])
     return b[0]
