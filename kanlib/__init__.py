@@ -16,8 +16,8 @@ _EXPORTS = {
     "kanlib.bspline": ("bspline_basis", "make_grid"),
     "kanlib.config": ("ConfigError", "RunConfig"),
     "kanlib.model": ("KAN", "MLP", "ChebyKAN", "ChebyKANLinear", "KANLinear", "RBFKAN", "RBFKANLinear", "build_model",
-                     "compile_seconds", "count_params", "kernel_paths", "matched_mlp", "reset_kernel_paths",
-                     "update_grid_distributed"),
+                     "compile_seconds", "count_params", "kernel_paths", "matched_mlp", "reset_kernel_paths"),
+    "kanlib.grids": ("update_grid_distributed",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -1,17 +1,21 @@
-"""Fast exact KAN kernels on uniform grids: the closed-form B-spline basis, its autograd functions, compiled kernels.
+"""Fast exact KAN kernels: the closed-form B-spline basis on uniform grids, Cox-de Boor on the few knots that
+matter on any other grid, their autograd functions, compiled kernels.
 
 One KAN layer computes ``y = [silu(x), B(x)] @ [W_base, W_spline * scale]^T`` with ``B`` the order-k
-B-splines of each input on its knot vector. On a *uniform* knot vector only ``k + 1`` bases are nonzero at
-any x and their values are fixed polynomials of the position inside the knot interval, so the basis costs
-a few elementwise operations instead of the Cox-de Boor recursion over all knots. :class:`UniformGrid`
-carries everything a kernel needs to know about such a grid; :func:`uniform_grid` builds it from a knot
-tensor, or returns ``None`` when the knots are not uniform to within their dtype's rounding (then the layer
-must use the reference :func:`kanlib.bspline.bspline_basis`).
+B-splines of each input on its knot vector. Only ``k + 1`` bases are nonzero at any x. On a *uniform* knot
+vector their values are fixed polynomials of the position inside the knot interval, so the basis costs a few
+elementwise operations instead of the Cox-de Boor recursion over all knots: :class:`UniformGrid` carries what
+a kernel needs to know about such a grid, and :func:`uniform_grid` builds it from a knot tensor, or returns
+``None`` when the knots are not uniform to within their dtype's rounding. Grid updates fit the knots to the
+data, and then :class:`KnotGrid` (:func:`knot_grid`) carries them: the kernels run Cox-de Boor's recursion on
+the k + 2 knots of each basis's support (or, eagerly, find x's knot interval and run it for the k + 1 bases
+nonzero there), the reference :func:`kanlib.bspline.bspline_basis` up to rounding. Only a grid whose knots
+are not strictly increasing leaves the layer on the reference path.
 
 Two modes, one code path each (:func:`kan_linear` picks):
 
 - ``"fast"``: eager PyTorch. Features ``(batch, in, 1 + C)`` from the k + 1 local values by one scatter
-  (:func:`uniform_features`), one GEMM with the fused weight; backward gathers d loss / d x at the k + 1
+  (:func:`features`), one GEMM with the fused weight; backward gathers d loss / d x at the k + 1
   nonzero bases. Layers of at most ``SMALL_OUT`` outputs gather their coefficients at those bases
   instead and never build the features. Temporaries live in reused scratch buffers.
 - ``"compiled"``: the features and d/dx are written pointwise, coefficient-major ``(batch, 1 + C, in)``,
@@ -75,6 +79,79 @@ class UniformGrid(NamedTuple):
         """Basis functions per input, ``G + k``."""
         return self.grid_size + self.spline_order
 
+    def like(self, x: torch.Tensor) -> "UniformGrid":
+        """This grid with its tensors in x's dtype and on x's device (the kernels compute in x's dtype)."""
+        if self.shift.dtype == x.dtype and self.shift.device == x.device:
+            return self
+        return self._replace(shift=self.shift.to(x), inv_h=self.inv_h.to(x), cols=self.cols.to(x.device))
+
+    def kernel_args(self) -> tuple:
+        """What the compiled kernels take after x: ``(shift, inv_h, n_coeff, cardinal_terms(k))``."""
+        return self.shift, self.inv_h, self.n_coeff, cardinal_terms(self.spline_order)
+
+
+class KnotGrid(NamedTuple):
+    """Any strictly increasing knot vector per input (a grid refit to the data), as the kernels use it.
+
+    Basis j (``0 <= j < grid_size + spline_order``) is the B-spline on knots ``t_j .. t_{j+k+1}`` of its input;
+    the kernels evaluate it by Cox-de Boor's recursion restricted to those knots (compiled: every basis
+    pointwise; eager: the interval of x found by ``searchsorted`` and the k + 1 bases nonzero there), which is
+    :func:`kanlib.bspline.bspline_basis` on the same knots up to rounding.
+    """
+
+    padded: torch.Tensor  # (in, n + 2k) the n = G + 2k + 1 knots and k more on each side (eager gathers)
+    knots_t: torch.Tensor  # (n, in) the knots, knot-major (compiled kernels)
+    inv: torch.Tensor  # (k, n, in): inv[d - 1, l] = 1 / (t_{l+d} - t_l), 0 where l + d >= n
+    grid_size: int  # G: intervals inside the interior knots
+    spline_order: int  # k
+
+    @property
+    def n_coeff(self) -> int:
+        """Basis functions per input, ``G + k``."""
+        return self.grid_size + self.spline_order
+
+    def like(self, x: torch.Tensor) -> "KnotGrid":
+        """This grid with its tensors in x's dtype and on x's device (the kernels compute in x's dtype)."""
+        if self.padded.dtype == x.dtype and self.padded.device == x.device:
+            return self
+        return self._replace(padded=self.padded.to(x), knots_t=self.knots_t.to(x), inv=self.inv.to(x))
+
+    def kernel_args(self) -> tuple:
+        """What the compiled kernels take after x: ``(knots_t, inv, n_coeff, k)``."""
+        return self.knots_t, self.inv, self.n_coeff, self.spline_order
+
+
+def knot_grid(grid: torch.Tensor, spline_order: int, dtype: torch.dtype | None = None) -> KnotGrid | None:
+    """The :class:`KnotGrid` of ``grid: (in, G + 2k + 1)``, or ``None`` where some row is not strictly
+    increasing and finite (repeated knots divide by zero in Cox-de Boor: only the reference path runs there).
+
+    ``dtype``: the dtype of the tables (default the grid's); the reciprocals of the knot spacings are computed
+    in float64 from the grid's own knots, then rounded once.
+    """
+    _check_grid_shape(grid, spline_order)
+    g = grid.detach().to(torch.float64)
+    if not bool(torch.isfinite(g).all()) or not bool((g[:, 1:] > g[:, :-1]).all()):
+        return None
+    k, n = spline_order, g.shape[1]
+    dtype = dtype or grid.dtype
+    inv = g.new_zeros(k, n, g.shape[0])
+    for d in range(1, k + 1):
+        inv[d - 1, : n - d] = (1.0 / (g[:, d:] - g[:, :-d])).t()
+    ext = torch.arange(1, k + 1, dtype=torch.float64, device=g.device)
+    left = g[:, :1] - (g[:, 1:2] - g[:, :1]) * ext.flip(0)  # only for gathers: their bases are never used
+    right = g[:, -1:] + (g[:, -1:] - g[:, -2:-1]) * ext
+    padded = torch.cat([left, g, right], dim=1)
+    return KnotGrid(padded.to(dtype).contiguous(), g.t().to(dtype).contiguous(), inv.to(dtype).contiguous(),
+                    n - 2 * k - 1, k)
+
+
+def _check_grid_shape(grid: torch.Tensor, spline_order: int) -> None:
+    if grid.dim() != 2 or grid.shape[1] < 2 * spline_order + 2:
+        raise ValueError(f"grid must be (in, G + 2k + 1) with G >= 1 for spline_order={spline_order}, "
+                         f"got {tuple(grid.shape)}")
+    if not grid.dtype.is_floating_point:
+        raise ValueError(f"grid must be a floating-point tensor, got {grid.dtype}")
+
 
 def uniform_grid(grid: torch.Tensor, spline_order: int, dtype: torch.dtype | None = None) -> UniformGrid | None:
     """The :class:`UniformGrid` of ``grid: (in, G + 2k + 1)``, or ``None`` if some row is not uniform.
@@ -85,11 +162,7 @@ def uniform_grid(grid: torch.Tensor, spline_order: int, dtype: torch.dtype | Non
     float64) would make the closed form differ from :func:`kanlib.bspline.bspline_basis` by more than
     rounding. ``dtype``: the dtype of ``shift``/``inv_h`` (default the grid's); computed in float64.
     """
-    if grid.dim() != 2 or grid.shape[1] < 2 * spline_order + 2:
-        raise ValueError(f"grid must be (in, G + 2k + 1) with G >= 1 for spline_order={spline_order}, "
-                         f"got {tuple(grid.shape)}")
-    if not grid.dtype.is_floating_point:
-        raise ValueError(f"grid must be a floating-point tensor, got {grid.dtype}")
+    _check_grid_shape(grid, spline_order)
     g = grid.detach().to(torch.float64)
     n = g.shape[1] - 1
     first, last = g[:, :1], g[:, -1:]
@@ -268,17 +341,81 @@ def _d_du(picked: torch.Tensor, powers: torch.Tensor, grid: UniformGrid) -> torc
     return torch.sum(z.mul_(powers), 0, out=_SCRATCH.get("g_u", (z.shape[1],), powers.dtype, powers.device))
 
 
-def uniform_features(x: torch.Tensor, grid: UniformGrid, col=None, powers=None, scratch: bool = False) -> torch.Tensor:
-    """``(batch, in, 1 + C)`` features ``[silu(x_i), B_0(x_i) .. B_{C-1}(x_i)]`` by the closed form.
+def _knot_local(x: torch.Tensor, grid: KnotGrid, flat: bool = False, derivative: bool = False):
+    """Columns, values and d/dx of the k + 1 nonzero bases of each ``x: (batch, in)`` on non-uniform knots.
 
-    x: ``(batch, in)``. Equal to :func:`kanlib.bspline.bspline_basis` (with silu in front) on the same
-    uniform knots. ``col``/``powers`` from :func:`_local` when the caller already has them; ``scratch``:
-    write into a reused buffer (the caller must drop the result before the next kernel call).
+    Returns ``(col, vals, dvals)``, each ``(batch * in, k + 1)``: col the feature column of local value r as
+    :func:`_local`'s (or, with ``flat``, the index of :func:`flat_tables`' layout), vals the basis values and
+    dvals their derivatives in x (``None`` without ``derivative``). The interval ``t_m <= x < t_{m+1}`` comes
+    from ``searchsorted``; local value r is basis ``m - k + r``, by de Boor's triangular recursion on the 2k
+    knots ``t_{m-k+1} .. t_{m+k}`` (Cox-de Boor restricted to the bases nonzero at x). Non-finite x gives NaN
+    values at valid columns (the reference gives NaN there too), never an out-of-range index.
+    """
+    k = grid.spline_order
+    batch, n_in = x.shape
+    n_pad = grid.padded.shape[1]
+    n = n_pad - 2 * k  # knots
+    x = torch.where(torch.isfinite(x), x, math.nan)  # +-inf: NaN values and derivatives, as the reference
+    m = torch.searchsorted(grid.padded, x.t().contiguous(), right=True).t().contiguous()  # (batch, in) knots <= x
+    m = m.sub_(1 + k).clamp_(-1, n - 1)  # -1 and n - 1: left and right of the grid, where every basis is 0
+    m.masked_fill_(torch.isnan(x), k)  # an interval where all k + 1 bases exist, so the NaN reaches the features
+    # local knots t_{m-k+1} .. t_{m+k}, row q = t_{m-k+1+q}, gathered from the padded rows
+    at = m + (torch.arange(n_in, device=x.device) * n_pad + k)  # (batch, in) index of t_m in padded, flat
+    t = torch.take(grid.padded, at.view(1, -1) + torch.arange(1 - k, k + 1, device=x.device).unsqueeze(1))
+    xv = x.reshape(1, -1)  # (1, batch * in)
+    b = torch.ones_like(xv)  # order 0: only B_m is nonzero, and equals 1
+    term = b
+    for d in range(1, k + 1):  # b: (d, N), B_{m-d+1+r} of order d - 1
+        tr, tl = t[k:k + d], t[k - d:k]  # t_{m+1+r} and t_{m+1+r-d}, r < d
+        term = b / (tr - tl)
+        b = xv.new_zeros(d + 1, xv.shape[1])
+        b[:d] = (tr - xv) * term
+        b[1:] += (xv - tl) * term  # (d + 1, N), B_{m-d+r} of order d
+    dvals = None
+    if derivative:  # dB_j/dx = k (B^{k-1}_j / (t_{j+k} - t_j) - B^{k-1}_{j+1} / (t_{j+k+1} - t_{j+1})): the last terms
+        dv = xv.new_zeros(k + 1, xv.shape[1])
+        dv[1:] = term
+        dv[:k] -= term
+        dvals = dv.mul_(k).t().contiguous()
+    j = m.view(-1, 1) - k + torch.arange(k + 1, device=x.device)  # (N, k + 1) basis of local value r
+    n_coeff = grid.n_coeff
+    valid = (j >= 0) & (j < n_coeff)
+    if flat:
+        i = torch.arange(n_in, device=x.device).repeat(batch).unsqueeze(1)
+        col = torch.where(valid, i * n_coeff + j, n_in * n_coeff)
+    else:
+        col = torch.where(valid, j + 1, 0)
+    return col, b.t().contiguous(), dvals
+
+
+def _local_basis(x: torch.Tensor, grid, flat: bool = False, derivative: bool = False):
+    """``(col, vals, dstate)`` of the k + 1 nonzero bases of each ``x: (batch, in)`` on either kind of grid:
+    col and vals ``(batch * in, k + 1)`` as :func:`_local` and :func:`_values` give them; ``dstate`` what
+    :func:`_spline_grad_x` needs (the powers of t on a uniform grid, d/dx of the values on other knots)."""
+    if isinstance(grid, KnotGrid):
+        return _knot_local(x, grid, flat, derivative)
+    col, powers = _local(x, grid, flat)
+    return col, _values(powers, grid), powers
+
+
+def _spline_grad_x(g_silu: torch.Tensor, picked: torch.Tensor, dstate, grid, x: torch.Tensor) -> torch.Tensor:
+    """``(batch, in)`` d loss / dx: ``g_silu`` (the base branch's) plus the spline branch's, from ``picked:
+    (batch * in, k + 1)``, d loss / d the k + 1 local basis values, and :func:`_local_basis`' ``dstate``."""
+    if isinstance(grid, KnotGrid):
+        return g_silu + torch.linalg.vecdot(picked, dstate).view_as(x)
+    return torch.addcmul(g_silu, _d_du(picked, dstate, grid).view_as(x), grid.inv_h)  # du/dx = inv_h
+
+
+def features(x: torch.Tensor, grid, local=None, scratch: bool = False) -> torch.Tensor:
+    """``(batch, in, 1 + C)`` features ``[silu(x_i), B_0(x_i) .. B_{C-1}(x_i)]`` from the k + 1 local values.
+
+    x: ``(batch, in)``; grid: a :class:`UniformGrid` (closed form) or :class:`KnotGrid`. Equal to
+    :func:`kanlib.bspline.bspline_basis` (with silu in front) on the same knots. ``local``: :func:`_local_basis`'
+    result when the caller already has it; ``scratch``: write into a reused buffer (the caller must drop the
+    result before the next kernel call).
     """
     batch, n_in = x.shape
-    if col is None:
-        col, powers = _local(x, grid)
-    vals = _values(powers, grid)
+    col, vals, _ = local if local is not None else _local_basis(x, grid)
     shape = (batch * n_in, 1 + grid.n_coeff)
     feats = _SCRATCH.get("feats", shape, x.dtype, x.device).zero_() if scratch else x.new_zeros(shape)
     feats.scatter_(1, col, vals)  # bases that do not exist land in column 0 (contiguous operands: ~2x faster) ...
@@ -288,20 +425,21 @@ def uniform_features(x: torch.Tensor, grid: UniformGrid, col=None, powers=None, 
     return feats
 
 
-def uniform_basis(x: torch.Tensor, grid: UniformGrid) -> torch.Tensor:
-    """``(..., in, C)``: the B-spline basis of ``x: (..., in)`` by the closed form (production path).
+def basis(x: torch.Tensor, grid) -> torch.Tensor:
+    """``(..., in, C)``: the B-spline basis of ``x: (..., in)`` by the eager kernels (production path).
 
-    Same values as :func:`kanlib.bspline.bspline_basis` on the knots ``grid`` was built from.
+    Same values as :func:`kanlib.bspline.bspline_basis` on the knots ``grid`` (a :class:`UniformGrid` or
+    :class:`KnotGrid`) was built from.
     """
     lead = x.shape[:-1]
-    feats = uniform_features(x.reshape(-1, x.shape[-1]), grid)
+    feats = features(x.reshape(-1, x.shape[-1]), grid.like(x))
     return feats[..., 1:].reshape(*lead, x.shape[-1], grid.n_coeff)
 
 
 def _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major: bool) -> torch.Tensor:
     """``(out, in * (1 + C))``: base weight and scaled spline coefficients side by side, for one GEMM.
 
-    Column layout ``(in, 1 + C)`` (input-major, matching :func:`uniform_features`) or, with
+    Column layout ``(in, 1 + C)`` (input-major, matching :func:`features`) or, with
     ``coeff_major``, ``(1 + C, in)`` (matching the compiled kernels).
     """
     n_out, n_in, n_coeff = spline_weight.shape
@@ -350,7 +488,7 @@ class _EagerKAN(torch.autograd.Function):
     def forward(ctx, x, base_weight, spline_weight, spline_scaler, grid: UniformGrid, gemm_dtype, paths):
         paths.add("fast")
         w = _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major=False).to(gemm_dtype)
-        feats = uniform_features(x, grid, scratch=True)  # (batch, in, 1 + C), dropped after the GEMM
+        feats = features(x, grid, scratch=True)  # (batch, in, 1 + C), dropped after the GEMM
         y = feats.view(x.shape[0], -1).to(gemm_dtype) @ w.t()  # (batch, out)
         ctx.save_for_backward(x, w, spline_weight, spline_scaler)
         ctx.grid, ctx.gemm_dtype, ctx.paths = grid, gemm_dtype, paths
@@ -365,7 +503,8 @@ class _EagerKAN(torch.autograd.Function):
         n_out, n_in, n_coeff = spline_weight.shape
         grad_y = grad_y.to(gdt)  # (batch, out)
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1:4]
-        col, powers = _local(x, grid)
+        local = _local_basis(x, grid, derivative=need_x)
+        col, _, dstate = local
         grad_x = grad_base = grad_spline = grad_scaler = None
         if need_x:
             gf = torch.mm(grad_y, w, out=_SCRATCH.get("gf", (x.shape[0], w.shape[1]), gdt, x.device))
@@ -377,9 +516,9 @@ class _EagerKAN(torch.autograd.Function):
                 grad_input=g_silu)  # (batch, in)
             gf[:, 0] = 0  # bases that do not exist point at column 0: they must gather 0
             picked = torch.gather(gf, 1, col, out=_SCRATCH.get("picked", col.shape, x.dtype, x.device))
-            grad_x = torch.addcmul(g_silu, _d_du(picked, powers, grid).view_as(x), grid.inv_h)  # du/dx = inv_h
+            grad_x = _spline_grad_x(g_silu, picked, dstate, grid, x)
         if any(need_w):
-            feats = uniform_features(x, grid, col, powers, scratch=True).view(x.shape[0], -1).to(gdt)
+            feats = features(x, grid, local, scratch=True).view(x.shape[0], -1).to(gdt)
             gw = torch.mm(grad_y.t(), feats, out=_SCRATCH.get("gw", (n_out, feats.shape[1]), gdt, x.device))
             grad_base, grad_spline, grad_scaler = _param_grads(
                 gw.to(spline_weight.dtype).view(n_out, n_in, 1 + n_coeff), spline_weight, spline_scaler, need_w)
@@ -412,8 +551,8 @@ class _EagerSmallOutKAN(torch.autograd.Function):
     def forward(ctx, x, base_weight, spline_weight, spline_scaler, grid: UniformGrid, gemm_dtype, paths):
         paths.add("fast")
         batch = x.shape[0]
-        col, powers = _local(x, grid, flat=True)
-        vals = _values(powers, grid).view(batch, -1)  # (batch, in * (k + 1))
+        col, vals, _ = _local_basis(x, grid, flat=True)
+        vals = vals.view(batch, -1)  # (batch, in * (k + 1))
         ws = _EagerSmallOutKAN._coeffs(spline_weight, spline_scaler)
         silu = torch.ops.aten.silu.out(x, out=_SCRATCH.get("silu", x.shape, x.dtype, x.device))
         y = silu @ base_weight.t()  # (batch, out)
@@ -435,8 +574,8 @@ class _EagerSmallOutKAN(torch.autograd.Function):
         batch = x.shape[0]
         grad_y = grad_y.to(x.dtype)  # (batch, out)
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1:4]
-        col, powers = _local(x, grid, flat=True)
-        vals = _values(powers, grid).view(batch, -1)  # (batch, in * (k + 1))
+        col, vals, dstate = _local_basis(x, grid, flat=True, derivative=need_x)
+        vals = vals.view(batch, -1)  # (batch, in * (k + 1))
         grad_x = grad_base = grad_spline = grad_scaler = None
         if need_x:
             g = _SCRATCH.get("coef", col.shape, x.dtype, x.device).view(batch, -1)
@@ -445,7 +584,7 @@ class _EagerSmallOutKAN(torch.autograd.Function):
                 torch.index_select(ws[o], 0, col.view(-1), out=g.view(-1))
                 picked.addcmul_(g, grad_y[:, o:o + 1])
             g_silu = torch.ops.aten.silu_backward(grad_y @ base_weight, x)  # (batch, in)
-            grad_x = torch.addcmul(g_silu, _d_du(picked.view_as(col), powers, grid).view_as(x), grid.inv_h)
+            grad_x = _spline_grad_x(g_silu, picked.view_as(col), dstate, grid, x)
         if any(need_w):
             gw = spline_weight.new_empty(n_out, n_in, 1 + n_coeff)  # d loss / d fused weight, as _EagerKAN's
             gw[..., 0] = grad_y.t() @ torch.ops.aten.silu.out(x, out=_SCRATCH.get("silu", x.shape, x.dtype, x.device))
@@ -497,11 +636,16 @@ def _pointwise_features(x, shift, inv_h, n_coeff: int, terms):
     return torch.cat([F.silu(x).unsqueeze(1), _cardinal(_offsets(x, shift, inv_h, n_coeff), terms, False)], 1)
 
 
+def _silu_grad(x):
+    """d silu / dx, elementwise."""
+    sig = torch.sigmoid(x)
+    return sig * (1 + x * (1 - sig))
+
+
 def _pointwise_grad_x(gf, x, shift, inv_h, n_coeff: int, terms):
     """``(batch, in)`` d loss / dx from ``gf = d loss / d features: (batch, 1 + C, in)``."""
     g_u = (gf[:, 1:] * _cardinal(_offsets(x, shift, inv_h, n_coeff), terms, True)).sum(1)  # d loss / du
-    sig = torch.sigmoid(x)
-    return gf[:, 0] * (sig * (1 + x * (1 - sig))) + g_u * inv_h
+    return gf[:, 0] * _silu_grad(x) + g_u * inv_h
 
 
 def _pointwise_features_and_grad_x(gf, x, shift, inv_h, n_coeff: int, terms):
@@ -526,18 +670,95 @@ def _small_out_forward(x, shift, inv_h, n_coeff: int, terms, w3):
     return (f.unsqueeze(1) * w3).sum((2, 3))
 
 
-def _small_out_backward(g, w3, x, shift, inv_h, n_coeff: int, terms, spline_weight, spline_scaler, need_x: bool):
-    """Backward of a few-output layer in one fused pass: ``(grad_x or None, grad_base, grad_spline,
-    grad_scaler or None)`` from ``g = d loss / d y: (batch, out)``; features never materialised."""
-    f = _pointwise_features(x, shift, inv_h, n_coeff, terms)  # (batch, 1 + C, in), fused away
+def _small_out_grads(f, grad_x_of, g, w3, spline_weight, spline_scaler, need_x: bool):
+    """The few-output backward from the features ``f: (batch, 1 + C, in)`` (fused away) and ``grad_x_of(gf)``,
+    d loss / dx from d loss / d features: ``(grad_x or None, grad_base, grad_spline, grad_scaler or None)``."""
     gw = (g[:, :, None, None] * f.unsqueeze(1)).sum(0)  # (out, 1 + C, in): d loss / d fused weight
     grad_x = None
     if need_x:
-        gf = (g[:, :, None, None] * w3).sum(1)  # (batch, 1 + C, in), fused away
-        grad_x = _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, terms)
+        grad_x = grad_x_of((g[:, :, None, None] * w3).sum(1))  # gf: (batch, 1 + C, in), fused away
     if spline_scaler is None:
         return grad_x, gw[:, 0].contiguous(), gw[:, 1:].transpose(1, 2).contiguous(), None
     return (grad_x, *_weight_grads(gw, spline_weight, spline_scaler))
+
+
+def _small_out_backward(g, w3, x, shift, inv_h, n_coeff: int, terms, spline_weight, spline_scaler, need_x: bool):
+    """Backward of a few-output layer in one fused pass: ``(grad_x or None, grad_base, grad_spline,
+    grad_scaler or None)`` from ``g = d loss / d y: (batch, out)``; features never materialised."""
+    return _small_out_grads(_pointwise_features(x, shift, inv_h, n_coeff, terms),
+                            lambda gf: _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, terms),
+                            g, w3, spline_weight, spline_scaler, need_x)
+
+
+# -- compiled kernels on non-uniform knots (KnotGrid): the same kernels, another basis ---------------
+# Separate functions, not a switch inside the ones above: dynamo's recompile limit counts per function, and
+# a recipe run meets three grid sizes at two batch shapes on these alone.
+def _knot_basis(x, knots_t, inv, n_coeff: int, k: int, derivative: bool):
+    """``(batch, C, in)``: ``B_j(x_i)`` (or ``dB_j/dx``) for every basis j, coefficient-major.
+
+    Cox-de Boor's recursion on the k + 2 knots ``t_j .. t_{j+k+1}`` of basis j's support: k + 1 interval
+    indicators from k + 2 comparisons, then ``k (k + 1) / 2`` blends, each a few elementwise operations on knot
+    rows sliced from the parameter-sized ``knots_t: (n, in)`` and ``inv: (k, n, in)`` (no index depends on x, so
+    inductor fuses it all into one loop). ``dB_j/dx = k (B^{k-1}_j inv_k[j] - B^{k-1}_{j+1} inv_k[j+1])``. A non-finite x
+    gives NaN (``(x - t) * 0``), as the reference does.
+    """
+    xs = x.unsqueeze(1)  # (batch, 1, in)
+    t = [knots_t[r:r + n_coeff] for r in range(k + 2)]  # t[r]: (C, in), knot j + r of basis j
+    ge = [(xs >= t[r]).to(x.dtype) for r in range(k + 2)]
+    b = [ge[r] - ge[r + 1] for r in range(k + 1)]  # order 0 on interval j + r: [t_{j+r} <= x < t_{j+r+1}]
+    for d in range(1, k if derivative else k + 1):
+        # w_r = (x - t_{j+r}) / (t_{j+r+d} - t_{j+r}); the right factor (t_{j+r+d+1} - x) / (t_{j+r+d+1} - t_{j+r+1})
+        # is 1 - w_{r+1}: each blend weight is computed once and used twice (half the work, same to rounding)
+        w = [(xs - t[r]) * inv[d - 1, r:r + n_coeff] for r in range(k + 2 - d)]
+        b = [w[r] * b[r] + (1 - w[r + 1]) * b[r + 1] for r in range(k + 1 - d)]  # order d, knots j + r .. + d + 1
+    if derivative:
+        return k * (b[0] * inv[k - 1, :n_coeff] - b[1] * inv[k - 1, 1:1 + n_coeff])
+    return b[0]
+
+
+def _knot_features(x, knots_t, inv, n_coeff: int, k: int):
+    """``(batch, 1 + C, in)`` features ``[silu(x), B_0(x) .. B_{C-1}(x)]`` on non-uniform knots."""
+    return torch.cat([F.silu(x).unsqueeze(1), _knot_basis(x, knots_t, inv, n_coeff, k, False)], 1)
+
+
+def _knot_grad_x(gf, x, knots_t, inv, n_coeff: int, k: int):
+    """``(batch, in)`` d loss / dx from ``gf = d loss / d features: (batch, 1 + C, in)``, non-uniform knots."""
+    return gf[:, 0] * _silu_grad(x) + (gf[:, 1:] * _knot_basis(x, knots_t, inv, n_coeff, k, True)).sum(1)
+
+
+def _knot_features_and_grad_x(gf, x, knots_t, inv, n_coeff: int, k: int):
+    """:func:`_knot_features` and :func:`_knot_grad_x` in one fused pass."""
+    return _knot_features(x, knots_t, inv, n_coeff, k), _knot_grad_x(gf, x, knots_t, inv, n_coeff, k)
+
+
+def _knot_small_out_forward(x, knots_t, inv, n_coeff: int, k: int, w3):
+    """:func:`_small_out_forward` on non-uniform knots."""
+    return (_knot_features(x, knots_t, inv, n_coeff, k).unsqueeze(1) * w3).sum((2, 3))
+
+
+def _knot_small_out_backward(g, w3, x, knots_t, inv, n_coeff: int, k: int, spline_weight, spline_scaler,
+                             need_x: bool):
+    """:func:`_small_out_backward` on non-uniform knots."""
+    return _small_out_grads(_knot_features(x, knots_t, inv, n_coeff, k),
+                            lambda gf: _knot_grad_x(gf, x, knots_t, inv, n_coeff, k),
+                            g, w3, spline_weight, spline_scaler, need_x)
+
+
+class _Kernels(NamedTuple):
+    """The compiled kernels of one kind of grid (all take ``x`` and then the grid's ``kernel_args()``)."""
+
+    features: object
+    features_and_grad_x: object
+    small_out_forward: object
+    small_out_backward: object
+
+
+_KERNELS = {
+    "UniformGrid": _Kernels(_pointwise_features, _pointwise_features_and_grad_x, _small_out_forward,
+                            _small_out_backward),
+    "KnotGrid": _Kernels(_knot_features, _knot_features_and_grad_x, _knot_small_out_forward,
+                         _knot_small_out_backward),
+}
 
 
 class CompileUnavailable(RuntimeError):
@@ -785,42 +1006,41 @@ class _CompiledKAN(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, base_weight, spline_weight, spline_scaler, grid: UniformGrid, gemm_dtype, paths):
+    def forward(ctx, x, base_weight, spline_weight, spline_scaler, grid, gemm_dtype, paths):
         n_out, n_in, n_coeff = spline_weight.shape
-        terms = cardinal_terms(grid.spline_order)
+        kernels = _KERNELS[type(grid).__name__]
         w = _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major=True)  # (out, (1 + C) * in)
         if n_out <= SMALL_OUT:
             # computed in x's dtype; cast to what the GEMM would return under autocast
-            y = _run_compiled(_small_out_forward, x, grid.shift, grid.inv_h, n_coeff, terms,
-                              w.view(n_out, -1, n_in)).to(gemm_dtype)
+            y = _run_compiled(kernels.small_out_forward, x, *grid.kernel_args(), w.view(n_out, -1, n_in)).to(gemm_dtype)
         else:
             w = w.to(gemm_dtype)
-            feats = _run_compiled(_pointwise_features, x, grid.shift, grid.inv_h, n_coeff, terms)
+            feats = _run_compiled(kernels.features, x, *grid.kernel_args())
             y = feats.view(x.shape[0], -1).to(gemm_dtype) @ w.t()  # (batch, out)
         paths.add("compiled")
         ctx.save_for_backward(x, w, spline_weight, spline_scaler)
-        ctx.grid, ctx.gemm_dtype, ctx.paths, ctx.terms = grid, gemm_dtype, paths, terms
+        ctx.grid, ctx.gemm_dtype, ctx.paths, ctx.kernels = grid, gemm_dtype, paths, kernels
         return y
 
     @staticmethod
     @once_differentiable  # the backward is not itself differentiable: double backward raises
     def backward(ctx, grad_y):
         x, w, spline_weight, spline_scaler = ctx.saved_tensors
-        grid, gdt, paths, terms = ctx.grid, ctx.gemm_dtype, ctx.paths, ctx.terms
+        grid, gdt, paths, kernels = ctx.grid, ctx.gemm_dtype, ctx.paths, ctx.kernels
         n_out, n_in, n_coeff = spline_weight.shape
-        consts = (x, grid.shift, grid.inv_h, n_coeff, terms)
+        consts = (x, *grid.kernel_args())
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1:4]
         grad_x = gw = feats = None
         if n_out <= SMALL_OUT:  # one fused kernel, features never materialised
-            grads = _call(paths, _small_out_backward, grad_y.to(x.dtype), w.view(n_out, -1, n_in), *consts,
+            grads = _call(paths, kernels.small_out_backward, grad_y.to(x.dtype), w.view(n_out, -1, n_in), *consts,
                           spline_weight, spline_scaler, need_x)
             return (*grads, None, None, None)
         grad_y = grad_y.to(gdt)
         if need_x:
             gf = (grad_y @ w).to(x.dtype).view(-1, 1 + n_coeff, n_in)  # (batch, 1 + C, in)
-            feats, grad_x = _call(paths, _pointwise_features_and_grad_x, gf, *consts)
+            feats, grad_x = _call(paths, kernels.features_and_grad_x, gf, *consts)
         elif any(need_w):
-            feats = _call(paths, _pointwise_features, *consts)
+            feats = _call(paths, kernels.features, *consts)
         if any(need_w):
             gw = (grad_y.t() @ feats.view(x.shape[0], -1).to(gdt)).to(spline_weight.dtype)
         if not any(need_w):
@@ -833,13 +1053,14 @@ class _CompiledKAN(torch.autograd.Function):
 
 
 def kan_linear(x: torch.Tensor, base_weight: torch.Tensor, spline_weight: torch.Tensor,
-               spline_scaler: torch.Tensor | None, grid: UniformGrid, mode: str, paths: set,
+               spline_scaler: torch.Tensor | None, grid: UniformGrid | KnotGrid, mode: str, paths: set,
                gemm_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """One exact KAN layer on a uniform grid: ``(batch, in) -> (batch, out)``.
+    """One exact KAN layer: ``(batch, in) -> (batch, out)``.
 
     x: ``(batch, in)`` in the compute dtype (float32 or float64); base_weight ``(out, in)``, spline_weight
     ``(out, in, C)``, spline_scaler ``(out, in)`` or ``None``, all in x's dtype; ``grid`` from
-    :func:`uniform_grid` in x's dtype and device. ``mode``: ``"fast"`` (eager) or ``"compiled"``
+    :func:`uniform_grid` (the closed form) or :func:`knot_grid` (any strictly increasing knots), in x's dtype
+    and device (``grid.like(x)``). ``mode``: ``"fast"`` (eager) or ``"compiled"``
     (falls back to ``"fast"`` where torch.compile cannot run). ``gemm_dtype``: the dtype of the GEMMs and
     of the output (an autocast dtype; default x's). The path that actually ran, in forward and later in
     backward, is added to ``paths`` (``"compiled"`` or ``"fast"``).

@@ -1,8 +1,5 @@
-"""KAN layers and models, and the MLP baseline. Pure ``nn.Module``, no I/O.
-
-The one exception to "no torch.distributed" is :func:`update_grid_distributed` and
-:func:`refine_distributed` (grid extension) at the end, which import it lazily: a grid update or
-refinement must see every rank's data to leave the ranks identical.
+"""KAN layers and models, and the MLP baseline. Pure ``nn.Module``: no I/O, no torch.distributed (the grid
+update and extension across ranks are :mod:`kanlib.grids`').
 
 Layers (each takes ``(..., in)`` and returns ``(..., out)``; :class:`_Layer` checks and flattens once):
 :class:`KANLinear` (exact B-spline; ``impl`` "compiled", "fast" or "reference"), :class:`RBFKANLinear`
@@ -14,7 +11,6 @@ The fast B-spline kernels live in :mod:`kanlib.fast_kan`; :func:`kernel_paths` s
 from __future__ import annotations
 
 import math
-import warnings
 from typing import get_args
 
 import torch
@@ -79,11 +75,13 @@ class KANLinear(_Layer):
     - ``"reference"``: the Cox-de Boor recursion over all knots and two GEMMs; the readable definition.
 
     The fast paths save only x and parameter-sized tensors for backward (the basis is rebuilt there).
-    They need a grid uniform to within its dtype's rounding (:func:`kanlib.fast_kan.uniform_grid`):
-    the initial grid, or one refit by :meth:`update_grid` with ``grid_eps=1``. Otherwise (``grid_eps < 1``,
-    hand-edited knots, a float32 grid cast to float64) the layer runs the reference computation;
-    :func:`kernel_paths` reports what actually ran. Under bf16/fp16 autocast the basis is computed in
-    float32 and only the GEMMs run in the autocast dtype. Non-finite inputs give non-finite outputs.
+    On a grid uniform to within its dtype's rounding (:func:`kanlib.fast_kan.uniform_grid`: the initial
+    grid, or one refit by :meth:`update_grid` with ``grid_eps=1``) they use the uniform closed form; on any
+    other strictly increasing knots (``grid_eps < 1``, hand-edited knots) Cox-de Boor on the knots of each
+    basis's support (:func:`kanlib.fast_kan.knot_grid`). Only knots that are not strictly increasing leave
+    the layer on the reference computation; :func:`kernel_paths` reports what actually ran. Under bf16/fp16
+    autocast the basis is computed in float32 and only the GEMMs run in the autocast dtype. Non-finite inputs
+    give non-finite outputs.
 
     x: ``(..., in_features)`` -> ``(..., out_features)``.
     """
@@ -110,6 +108,7 @@ class KANLinear(_Layer):
         self.register_buffer("grid", make_grid(in_features, grid_size, spline_order, grid_range))
         self.paths_run: set[str] = set()  # kernel paths executed since construction / reset_kernel_paths
         self._uniform: fast_kan.UniformGrid | None = None
+        self._knots: fast_kan.KnotGrid | None = None  # where the grid is not uniform
         self._grid_seen = None
         self.refresh_grid()
         self.register_load_state_dict_post_hook(lambda module, _keys: module.refresh_grid())
@@ -144,19 +143,16 @@ class KANLinear(_Layer):
 
     @torch.no_grad()
     def refresh_grid(self) -> None:
-        """Recompute the closed-form constants (:class:`kanlib.fast_kan.UniformGrid`) from ``self.grid``.
+        """Recompute the kernels' constants from ``self.grid``: the closed form's
+        (:class:`kanlib.fast_kan.UniformGrid`) on a uniform grid, else the knot tables
+        (:class:`kanlib.fast_kan.KnotGrid`; ``None`` for knots that are not strictly increasing).
 
         Called by ``__init__``, :meth:`update_grid`, ``load_state_dict`` and ``.to()``; an in-place write
         to ``self.grid`` is also noticed (by its version counter) at the next forward.
         """
         self._uniform = fast_kan.uniform_grid(self.grid, self.spline_order)
+        self._knots = None if self._uniform is not None else fast_kan.knot_grid(self.grid, self.spline_order)
         self._grid_seen = (self.grid.data_ptr(), self.grid._version)
-        if (self._uniform is None and self.impl != "reference" and self.grid.dtype == torch.float64
-                and fast_kan.uniform_grid(self.grid.float(), self.spline_order) is not None):
-            warnings.warn(f"KANLinear({self.in_features}, {self.out_features}, impl={self.impl!r}): its float64 grid "
-                          f"is uniform only to float32's rounding (float32 knots loaded into a float64 layer), so the "
-                          f"reference path runs; build the layer in float64, or move it with .double() before "
-                          f"loading", stacklevel=3)
 
     def _check_grid(self) -> None:
         if self._grid_seen != (self.grid.data_ptr(), self.grid._version):
@@ -190,12 +186,11 @@ class KANLinear(_Layer):
         """x: ``(batch, in)`` -> ``(batch, out)`` by the path ``impl`` asks for, where it can run."""
         x = x.to(_compute_dtype(x))  # bases in >= float32
         self._check_grid()
-        grid = self._uniform
+        grid = self._uniform or self._knots
         if self.impl == "reference" or grid is None:
             self.paths_run.add("reference")
             return self._forward_reference(x)
-        if grid.shift.dtype != x.dtype or grid.shift.device != x.device:
-            grid = grid._replace(shift=grid.shift.to(x), inv_h=grid.inv_h.to(x), cols=grid.cols.to(x.device))
+        grid = grid.like(x)
         gemm_dtype = _autocast_dtype(x.device.type) or x.dtype
         with torch.autocast(x.device.type, enabled=False):
             return fast_kan.kan_linear(
@@ -267,7 +262,7 @@ class KANLinear(_Layer):
 
         x: ``(batch, in)``, samples of the layer's inputs. The new interior knots interpolate the current ones
         linearly at ``grid_size + 1`` evenly spaced fractional positions (pykan's rule: a grid twice as fine
-        holds every current knot, and a uniform grid stays uniform, so the fast paths keep running), extended
+        holds every current knot, and a uniform grid stays uniform, so the closed form keeps running), extended
         by ``spline_order`` knots of the new mean interval on each side. The scaled coefficients are the
         least-squares fit (float64) of the current spline outputs at the samples and at ``4 * grid_size``
         evenly spaced points of the interior (so that every new basis is determined even where no sample
@@ -571,56 +566,6 @@ def build_model(cfg) -> nn.Module:
     raise ValueError(f"model: {cfg.model!r} is not built by this version")
 
 
-def _gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate every rank's ``x: (n_rank, in)`` in rank order; row counts may differ by rank."""
-    import torch.distributed as dist
-
-    world = dist.get_world_size()
-    n = torch.tensor([x.shape[0]], dtype=torch.int64, device=x.device)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n)
-    sizes = [int(s.item()) for s in sizes]
-    padded = x.new_zeros(max(sizes), *x.shape[1:])
-    padded[: x.shape[0]] = x
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded.contiguous())
-    return torch.cat([p[:s] for p, s in zip(parts, sizes)], dim=0)  # (sum n_rank, in)
-
-
-@torch.no_grad()
-def update_grid_distributed(model: nn.Module, x: torch.Tensor, margin: float = 0.01) -> None:
-    """Refit the spline grids of ``model`` to the inputs of all ranks; every rank ends identical.
-
-    model: a :class:`KAN` or :class:`KANLinear` (or a DDP wrapper of one: its ``.module`` is
-    used); x: ``(batch_rank, in)``, this rank's batch. With ``torch.distributed`` initialised
-    and more than one rank, the batches of all ranks are all-gathered (their sizes may
-    differ), every rank runs the same deterministic :meth:`KAN.update_grid` on the union, and
-    the refit grids and spline weights are then broadcast from rank 0 so the ranks hold
-    bitwise-equal parameters and buffers even if a kernel were not bitwise reproducible.
-    Without distributed (or with one rank) it is ``model.update_grid(x, margin)``.
-    Every rank must call it (collective). Call it inside or outside ``torch.no_grad``.
-    """
-    import torch.distributed as dist
-
-    module = getattr(model, "module", model)
-    if not hasattr(module, "update_grid"):
-        raise TypeError(f"update_grid_distributed needs a KAN or KANLinear, got {type(module).__name__}")
-    if x.dim() != 2:
-        raise ValueError(f"x must be (batch, in), got {tuple(x.shape)}")
-    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    x_all = _gather_rows(x.detach()) if distributed else x.detach()
-    if _sharded(module):
-        _update_grid_sharded(module, x_all, margin)
-        return
-    module.update_grid(x_all, margin)
-    if distributed:
-        layers = [m for m in module.modules() if isinstance(m, KANLinear)]
-        for layer in layers:
-            dist.broadcast(layer.grid, src=0)
-            dist.broadcast(layer.spline_weight.data, src=0)
-            layer.refresh_grid()
-
-
 def grid_size_of(model: nn.Module) -> int | None:
     """The grid size of the first B-spline layer of ``model`` (or of the module it wraps); None without one."""
     for m in getattr(model, "module", model).modules():
@@ -629,102 +574,14 @@ def grid_size_of(model: nn.Module) -> int | None:
     return None
 
 
-@torch.no_grad()
-def refine_distributed(model: nn.Module, x: torch.Tensor, grid_size: int) -> tuple[nn.Module, float]:
-    """Grid extension on every rank: ``model`` onto grids of ``grid_size`` intervals (:meth:`KAN.refine`), fit on
-    the inputs of all ranks; returns ``(plain, refit_error)``.
-
-    model: a :class:`KAN` (or a DDP wrapper of one, or an FSDP-sharded one); x: ``(batch_rank, in)``, this
-    rank's batch, all-gathered as in :func:`update_grid_distributed`. Every rank refits the same deterministic
-    way on the union, then the refit parameters and grids are broadcast from rank 0, so the ranks end bitwise
-    equal. The result ``plain`` is an unwrapped :class:`KAN` of the new size: the model itself (DDP, one
-    process; its parameters replaced) or, under FSDP, a new one built from the gathered full parameters. Its
-    parameters are new tensors: the caller wraps it again and makes a new optimizer. Collective.
-    """
-    import torch.distributed as dist
-
-    module = getattr(model, "module", model)
-    if not isinstance(module, KAN):
-        raise TypeError(f"refine_distributed needs a KAN, got {type(module).__name__}")
-    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    x_all = _gather_rows(x.detach()) if distributed else x.detach()
-    plain = _plain_copy(module) if _sharded(module) else module
-    err = plain.refine(x_all, grid_size)
-    if distributed:
-        for t in [*plain.parameters(), *plain.buffers()]:
-            dist.broadcast(t.data, src=0)
-        for layer in plain.layers:
-            layer.refresh_grid()
-    return plain, err
-
-
-def _plain_copy(module: KAN) -> KAN:
-    """An unsharded :class:`KAN` holding the full parameters and grids of an FSDP-sharded one (collective)."""
-    from torch.distributed.tensor import DTensor
-
-    first = module.layers[0]
-    with torch.random.fork_rng(devices=[]):  # the throw-away initialisation leaves the RNG as it was
-        plain = KAN(module.widths, first.grid_size, first.spline_order, impl=first.impl, grid_eps=first.grid_eps,
-                    standalone_scale_spline=first.spline_scaler is not None)
-    plain = plain.to(first.grid.device, first.grid.dtype)
-    for name, p in module.named_parameters():
-        plain.get_parameter(name).copy_(p.full_tensor() if isinstance(p, DTensor) else p)
-    for name, b in module.named_buffers():
-        plain.get_buffer(name).copy_(b.full_tensor() if isinstance(b, DTensor) else b)
-    for layer in plain.layers:
-        layer.refresh_grid()
-    return plain
-
-
-def _sharded(module: nn.Module) -> bool:
-    """Whether FSDP has sharded the parameters of ``module`` (they are DTensors)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return False
-    return any(isinstance(p, DTensor) for p in module.parameters())
-
-
-@torch.no_grad()
-def _update_grid_sharded(module: nn.Module, x: torch.Tensor, margin: float) -> None:
-    """Grid update under FSDP: each layer's full parameters are gathered, refit by the same deterministic
-    :meth:`KANLinear.update_grid` on a plain copy (inputs propagated through the refit layers as
-    :meth:`KAN.update_grid` does), and every rank's shard is cut from rank 0's result (``distribute_tensor``
-    scatters from rank 0), so the shards stay one consistent model. The grids are buffers, replicated by
-    FSDP: every rank writes the same refit grid. Collective: every rank must call it."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    layers = [module] if isinstance(module, KANLinear) else [m for m in module.modules() if isinstance(m, KANLinear)]
-    for layer in layers:
-        full = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
-                for n, p in layer.named_parameters(recurse=False)}
-        plain = KANLinear(layer.in_features, layer.out_features, layer.grid_size, layer.spline_order,
-                          impl="reference", grid_eps=layer.grid_eps,
-                          standalone_scale_spline=layer.spline_scaler is not None).to(x.device, full["base_weight"].dtype)
-        for n, v in full.items():
-            getattr(plain, n).copy_(v)
-        plain.grid.copy_(layer.grid)
-        plain.refresh_grid()
-        plain.update_grid(x, margin)
-        layer.grid.copy_(plain.grid)
-        for n, p in layer.named_parameters(recurse=False):
-            new = getattr(plain, n).detach()
-            if isinstance(p, DTensor):
-                p.to_local().copy_(distribute_tensor(new, p.device_mesh, p.placements).to_local())
-            else:
-                p.copy_(new)
-        layer.refresh_grid()
-        x = plain(x)  # the next layer's inputs come from this refit layer
-
-
 def kernel_paths(model: nn.Module) -> list[str]:
     """The B-spline kernel paths the KAN layers of ``model`` actually executed, forward or backward,
     since construction or :func:`reset_kernel_paths`: a sorted subset of ``["compiled", "fast",
     "reference"]`` (empty for models without :class:`KANLinear` or before the first forward).
 
-    "compiled" means torch.compile'd kernels ran; "fast" the eager closed form (asked for, or the
-    fallback where torch.compile failed); "reference" the Cox-de Boor path (asked for, or a grid that
-    is not uniform, e.g. after a grid update with ``grid_eps < 1``).
+    "compiled" means torch.compile'd kernels ran; "fast" the eager kernels (asked for, or the fallback
+    where torch.compile failed), on uniform and on data-adaptive grids alike; "reference" the Cox-de Boor
+    path over all knots (asked for, or knots that are not strictly increasing).
     """
     return sorted(set().union(*(m.paths_run for m in model.modules() if isinstance(m, KANLinear))))
 

@@ -280,6 +280,10 @@ class RunRecord:
                                                              "(analytic, whole model)"))
     kan_path: str = field(default="", metadata=_doc("KAN kernel path(s) that actually ran (`compiled`, `fast`, "
                                                      "`reference`; several joined by `+`); empty for other models"))
+    kan_path_steps: dict | None = field(default=None, metadata=_doc(
+        "training steps of this attempt that ran each KAN kernel path, forward or backward (`{path: steps}`; a "
+        "step that ran two paths counts for both; grid updates and evaluations are not steps); null for other "
+        "models"))
     n_measured_steps: int = field(default=0, metadata=_doc("steps timed: after warm-up, in the final attempt"))
     step_time_s: float = field(default=math.nan, metadata=_doc("median step time (s)"))
     step_time_s_p10: float = field(default=math.nan, metadata=_doc("10th percentile of the step time (s)"))

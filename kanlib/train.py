@@ -39,7 +39,7 @@ from kanlib.distributed import AsyncFlag, DistInfo  # noqa: E402
 from kanlib.metrics import (InterferenceProbe, PhaseClock, combine_interference, device_memory,  # noqa: E402
                             model_state_bytes, peak_memory_bytes, release_host_memory, reset_peak_memory,
                             steady_host_allocator, summarize)
-from kanlib.model import build_model, compile_seconds, count_params, kernel_paths  # noqa: E402
+from kanlib.model import build_model, compile_seconds, count_params, kernel_paths, reset_kernel_paths  # noqa: E402
 from kanlib.records import RunRecord, StepRow  # noqa: E402
 
 
@@ -76,6 +76,7 @@ class Run:
     paused_s: float = 0.0  # evaluation and checkpoint time within the step in flight
     n_skipped: int = 0
     n_grid_updates: int = 0
+    kan_path_steps: dict = field(default_factory=dict)  # KAN kernel path -> steps of this attempt that ran it
     evals: list[int] = field(default_factory=list)  # loss-and-gradient evaluations of each step of this attempt
     train_wall_s: float = 0.0
     target_at: tuple[int, float] | None = None  # (steps done, training wall time) when the target was reached
@@ -240,6 +241,7 @@ def train_step(run: Run, step: int, sigterm: distributed.StopRequest) -> StepRow
         run.module, run.comm = wrap(run.model, cfg, info)
         run.optimizer, run.n_opt_states = make_optimizer(run.model, cfg)
         run.params = list(run.model.parameters())
+    reset_kernel_paths(run.model)  # from here: the kernel paths this step runs (the grid work above is not a step)
     lr = learning_rate(cfg, step)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
@@ -285,6 +287,8 @@ def train_step(run: Run, step: int, sigterm: distributed.StopRequest) -> StepRow
     comm = run.comm.end_step() if run.comm is not None else (math.nan, math.nan)  # (in flight, emulated) s
     loss_value = float(loss.item())
     run.evals.append(run.optimizer.last_evals if lbfgs and finite else 1)
+    for path in kernel_paths(run.model):
+        run.kan_path_steps[path] = run.kan_path_steps.get(path, 0) + 1
     stop_now = run.stop_flag.result() if agree else False
     row = StepRow(step=step, measured=int(step >= run.measure_from), attempt=run.attempt, time_unix_s=time.time(),
                   step_time_s=sum(phases.values()), forward_s=phases["forward"], backward_s=phases["backward"],
@@ -519,7 +523,8 @@ def finish(run: Run) -> RunRecord | None:
         device=info.device.type, world_size=info.world_size, started_at=run.started_at,
         finished_at=records.now_iso(), n_params=count_params(run.model),
         model_state_bytes=model_state_bytes(run.model, run.n_opt_states),
-        kan_path="+".join(kernel_paths(run.model)), n_measured_steps=len(measured["step_time_s"]),
+        kan_path="+".join(sorted({*run.kan_path_steps, *kernel_paths(run.model)})),
+        kan_path_steps=dict(sorted(run.kan_path_steps.items())) or None, n_measured_steps=len(measured["step_time_s"]),
         step_time_s=step_time, step_time_s_p10=stats["step_time_s"]["p10"],
         step_time_s_p90=stats["step_time_s"]["p90"], forward_s=stats["forward_s"]["median"],
         backward_s=stats["backward_s"]["median"], optimizer_s=stats["optimizer_s"]["median"],

@@ -117,12 +117,61 @@ def test_compiled_matches_reference(n_out, fresh_dynamo):
     assert kernel_paths(fast) == ["compiled"]  # forward and backward really ran compiled kernels
 
 
+# -- data-adaptive (non-uniform) knots: the kernels for any knots ------------------------------------------
+def _adaptive_pair(in_f, out_f, grid_size, order, impl, seed=0):
+    """A float64 reference layer and an ``impl`` one on the same random non-uniform knots (another vector per
+    input, neighbouring intervals up to 10x apart), with coefficients of order one."""
+    torch.manual_seed(seed)
+    ref = KANLinear(in_f, out_f, grid_size, order, impl="reference").double()
+    n = grid_size + 2 * order + 1
+    gaps = torch.rand(in_f, n - 1, dtype=torch.float64) * 0.9 + 0.1
+    knots = torch.cat([torch.zeros(in_f, 1, dtype=torch.float64), gaps.cumsum(1)], 1)
+    knots = knots / knots[:, -1:] * 3.0 - 1.5 + 0.2 * torch.rand(in_f, 1, dtype=torch.float64)  # about [-1.5, 1.5]
+    with torch.no_grad():
+        ref.spline_weight.uniform_(-1, 1)
+        ref.grid.copy_(knots)
+    fast = KANLinear(in_f, out_f, grid_size, order, impl=impl).double()
+    fast.load_state_dict(ref.state_dict())
+    assert not fast.grid_is_uniform
+    return ref, fast
+
+
+def _adaptive_inputs(grid, batch, seed=1):
+    """``(batch + n_knots, in)``: random inputs beyond both ends of each input's knots, then every knot exactly."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = grid[:, 0] - 0.5, grid[:, -1] + 0.5
+    x = torch.rand(batch, grid.shape[0], generator=g, dtype=torch.float64) * (hi - lo) + lo
+    return torch.cat([x, grid.t()])
+
+
+@pytest.mark.parametrize("n_out", [4, 1])  # the features + GEMM kernels, and the few-output kernels
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_knot_kernels_match_reference_in_float64(order, n_out):
+    """On random non-uniform knots the eager kernels equal Cox-de Boor over all knots to float64 rounding: values
+    and gradients in x and in every parameter, at inputs outside the grid and exactly on knots."""
+    ref, fast = _adaptive_pair(3, n_out, 7, order, "fast")
+    x = _adaptive_inputs(ref.grid, 300)
+    weight = torch.randn(x.shape[0], n_out, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    _assert_same(ref, fast, x, 1e-12, 1e-12, weight=weight)
+    assert kernel_paths(fast) == ["fast"]
+
+
+def test_compiled_knot_kernels_match_reference_in_float64(fresh_dynamo):
+    """The compiled kernels on random non-uniform knots, both families (features + GEMM, few outputs), the
+    first order (its slope jumps at the knots) and the cubic."""
+    for order, n_out in [(1, 4), (3, 4), (3, 1)]:
+        ref, fast = _adaptive_pair(3, n_out, 6, order, "compiled", seed=order)
+        x = _adaptive_inputs(ref.grid, 200)
+        _assert_same(ref, fast, x, 1e-12, 1e-12)
+        assert kernel_paths(fast) == ["compiled"], (order, n_out)
+
+
 def test_production_basis_matches_cox_de_boor():
     for order in (1, 2, 3, 4):
         grid = make_grid(3, 6, order, (-2.0, 1.0), dtype=torch.float64)
         x = _inputs(300, 3, torch.float64, lo=-4.0, hi=3.0)
         ug = fast_kan.uniform_grid(grid, order)
-        torch.testing.assert_close(fast_kan.uniform_basis(x, ug), bspline_basis(x, grid, order),
+        torch.testing.assert_close(fast_kan.basis(x, ug), bspline_basis(x, grid, order),
                                    rtol=1e-12, atol=1e-12)
         # the compiled kernels' form of the same basis, called eagerly
         f = fast_kan._pointwise_features(x, ug.shift, ug.inv_h, ug.n_coeff, fast_kan.cardinal_terms(order))
@@ -144,7 +193,10 @@ def test_uniformity_is_rounding_of_the_grid_dtype():
 
 
 @pytest.mark.parametrize("impl", FAST_IMPLS)
-def test_nearly_uniform_grid_runs_the_reference(impl):
+def test_nearly_uniform_grid_runs_the_knot_kernels(impl, fresh_dynamo):
+    """A knot moved by 5e-5 of a cell: not uniform (the closed form would differ from Cox-de Boor by ~1e-5), so
+    the kernels for any knots run, and equal the reference on the moved knots; only knots that are not strictly
+    increasing leave the layer on the reference path."""
     ref, fast = _pair(3, 4, 5, 3, impl=impl)
     with torch.no_grad():
         cell = (ref.grid[0, 1] - ref.grid[0, 0]).item()
@@ -152,7 +204,13 @@ def test_nearly_uniform_grid_runs_the_reference(impl):
             m.grid[:, 6] += 0.5e-4 * cell  # an in-place write, noticed without refresh_grid()
     assert not fast.grid_is_uniform
     x = _inputs(64, 3, torch.float32)
-    assert torch.equal(fast(x), ref(x))  # the very same computation
+    _assert_same(ref, fast, x, 1e-5, 1e-5)
+    assert kernel_paths(fast) == [impl]
+    with torch.no_grad():
+        for m in (ref, fast):
+            m.grid[:, 7] = m.grid[:, 6]  # a repeated knot: Cox-de Boor divides by zero there
+    reset_kernel_paths(fast)
+    torch.testing.assert_close(fast(x), ref(x), rtol=0, atol=0, equal_nan=True)  # the very same computation (NaN)
     assert kernel_paths(fast) == ["reference"]
 
 
@@ -169,18 +227,14 @@ def test_a_float32_layer_moved_to_float64_keeps_the_fast_path(impl):
     x = _inputs(50, 3, torch.float64)
     torch.testing.assert_close(fast(x), ref(x), rtol=0, atol=1e-12)
     assert kernel_paths(fast) == [impl]
-    # float32 knots loaded into a float64 layer: the reference path runs, and says so
+    # float32 knots loaded into a float64 layer: not uniform at float64, so the kernels for any knots run them
     rounded = {k: v.double() for k, v in KANLinear(3, 2, impl=impl).state_dict().items()}
     late = KANLinear(3, 2, impl=impl).double()
-    with pytest.warns(UserWarning, match="uniform only to float32's rounding .* so the reference path runs"):
-        late.load_state_dict(rounded)
+    late.load_state_dict(rounded)
     assert not late.grid_is_uniform
-    late(x)
-    assert kernel_paths(late) == ["reference"]
-    with torch.no_grad():
-        late.grid.copy_(make_grid(3, 5, 3, dtype=torch.float64))
-    late(x)
-    assert kernel_paths(late) == sorted([impl, "reference"])
+    ref.load_state_dict(rounded)
+    torch.testing.assert_close(late(x), ref(x), rtol=0, atol=1e-12)
+    assert kernel_paths(late) == [impl]
 
 
 def test_load_state_dict_refreshes_uniform_flag():
@@ -200,19 +254,24 @@ def test_kernel_paths_follow_grid_updates_and_reset(fresh_dynamo):
     model(x).sum().backward()
     assert kernel_paths(model) == ["compiled"]
     model.update_grid(x)  # grid_eps=0.02: data-adaptive, not uniform
+    assert not any(layer.grid_is_uniform for layer in model.layers)
     reset_kernel_paths(model)
     assert kernel_paths(model) == []
     model(x).sum().backward()
-    assert kernel_paths(model) == ["reference"]
+    assert kernel_paths(model) == ["compiled"]  # the kernels for any knots, not the reference
     assert kernel_paths(torch.nn.Linear(2, 2)) == []
 
 
-@pytest.mark.parametrize("impl", ["reference", "fast", "compiled"])
-def test_non_finite_inputs_give_non_finite_outputs(impl, fresh_dynamo):
+@pytest.mark.parametrize("impl,adaptive", [("reference", False), ("fast", False), ("compiled", False),
+                                           ("fast", True), ("compiled", True)])
+def test_non_finite_inputs_give_non_finite_outputs(impl, adaptive, fresh_dynamo):
     # lr=100 makes activations NaN; casting NaN to an index used to raise IndexError in the fast path.
     torch.manual_seed(0)
     model = KAN([3, 8, 4, 1], impl=impl)
     x = _inputs(16, 3, torch.float32)
+    if adaptive:  # knots fitted to the data: the kernels for any knots, their interval search included
+        model.update_grid(_inputs(64, 3, torch.float32, lo=-0.8, hi=0.8))
+        assert not any(layer.grid_is_uniform for layer in model.layers)
     x[3, 0], x[7, 1], x[11, 2] = float("nan"), float("inf"), float("-inf")
     x.requires_grad_()
     y = model(x)
@@ -227,6 +286,8 @@ def test_non_finite_inputs_give_non_finite_outputs(impl, fresh_dynamo):
     big = torch.full((2, 3), 1e30, requires_grad=True)  # finite but far outside every grid
     model(big).sum().backward()
     assert big.grad is not None
+    if adaptive:
+        assert kernel_paths(model) == [impl]
 
 
 def test_eager_scratch_buffers_shared_by_interleaved_layers():
@@ -491,3 +552,24 @@ def test_reading_compile_time_waits_for_the_background_preparation():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
         assert out.returncode == 0, out.stderr[-3000:]
         assert float(out.stdout.strip()) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("no_process_left")
+@pytest.mark.parametrize("impl", FAST_IMPLS)
+def test_recipe_on_adaptive_grids_runs_no_reference_step(tmp_path, impl):
+    """pykan's recipe through the trainer (L-BFGS, grid updates every 2 steps with grid_eps=0.02, grid 5 -> 10):
+    the knots stop being uniform at the first update, and every step still runs the fast kernels, as the
+    record's per-path step counts say."""
+    from runners.launch import run
+
+    cfg = RunConfig(study="recipe", optimizer="lbfgs", lr=1.0, widths=(2, 5, 1), grid_size=5, steps=6,
+                    warmup_steps=2, n_train=256, n_val=256, global_batch=256, lbfgs_max_iter=5, eval_every=1,
+                    grid_extension=(10,), grid_update_every=2, device="cpu", backend="gloo", threads=1,
+                    kan_impl=impl, out_dir=str(tmp_path))
+    rec = run(cfg, echo=False, timeout_s=600)
+    assert rec["n_grid_updates"] == 2 and rec["final_grid_size"] == 10  # updates at steps 2 and 5, extension at 3
+    assert rec["kan_path"] == impl and rec["kan_path_steps"] == {impl: 6}
+    state = torch.load(os.path.join(cfg.run_dir(), "model.pt"))
+    grids = [v for k, v in state.items() if k.endswith("grid")]
+    assert grids and all(fast_kan.uniform_grid(g, 3) is None for g in grids)  # adaptive knots at the end

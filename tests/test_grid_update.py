@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kanlib.model import KAN, KANLinear, update_grid_distributed
+from kanlib.grids import update_grid_distributed
+from kanlib.model import KAN, KANLinear
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,7 +21,8 @@ WORKER = textwrap.dedent("""
     import sys
     import torch
     import torch.distributed as dist
-    from kanlib.model import KAN, update_grid_distributed
+    from kanlib.grids import update_grid_distributed
+    from kanlib.model import KAN
 
     out_dir = sys.argv[1]
     dist.init_process_group("gloo")
@@ -284,7 +286,8 @@ REFINE_WORKER = textwrap.dedent("""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
-    from kanlib.model import KAN, refine_distributed
+    from kanlib.grids import refine_distributed
+    from kanlib.model import KAN
 
     out_dir, mode = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")

@@ -95,3 +95,18 @@ def test_mlp_puts_silu_between_layers_only():
     x = torch.rand(5, 2)
     want = mlp.layers[1](F.silu(mlp.layers[0](x)))
     torch.testing.assert_close(mlp(x), want)
+
+
+def test_model_module_knows_no_torch_distributed():
+    """model.py is layers only: the grid update and extension across ranks live in kanlib.grids."""
+    import ast
+    import inspect
+
+    import kanlib
+    from kanlib import grids, model
+
+    tree = ast.parse(inspect.getsource(model))
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in imported if m.startswith("torch.distributed")], imported
+    assert kanlib.update_grid_distributed is grids.update_grid_distributed
