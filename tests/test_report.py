@@ -33,7 +33,8 @@ def test_every_figure_keeps_one_colour_per_model_and_one_marker_per_placement(st
     assert symbols == {"circle", "square", "diamond"}  # 1x1, 1x2, 2x1, in every subplot the same
     keys = [t.name for t in strong.data if is_key(t)]
     assert keys == ["model kan", "placement 1x1 (nodes x procs)", "placement 1x2 (nodes x procs)",
-                    "placement 2x1 (nodes x procs)", "line: across nodes", "line: one node"]
+                    "placement 2x1 (nodes x procs)", "line: across nodes", "line: one node",
+                    "long dashes: target efficiency 80% (guidelines)"]
     assert "diamond" not in strong.layout.title.text  # the caption never promises a marker
     assert style.placement_symbol("2x1") == "diamond" and style.model_color("mlp") == "#ff7f0e"
 

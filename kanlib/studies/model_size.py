@@ -201,6 +201,10 @@ def figure(table: Table, title: str = "Model-size scaling") -> go.Figure:
     style.legend_key(fig, models, style.drawn_placements(fig, table.data))
     fig.update_xaxes(type="log", title_text="parameters")
     fig.update_yaxes(type="log")
+    for (r, c), y in zip(((1, 1), (1, 2), (2, 1), (2, 2)), ("step time (ms)", "peak memory (MiB)",
+                                                           "parameters per byte (1/B)",
+                                                           "step time per parameter (ns)")):
+        style.axis_titles(fig, None, y, r, c)
     fig.update_layout(title=title, template=style.TEMPLATE, height=720)
     return style.with_meta(fig, not_drawn=not_drawn)
 
@@ -240,6 +244,8 @@ def fsdp_figure(table: pd.DataFrame, title: str = "FSDP against DDP per model si
                                                                         line=dict(color=grey, dash="dot")))])
     fig.update_xaxes(type="log", title_text="parameters")
     fig.update_yaxes(type="log")
+    style.axis_titles(fig, None, "peak memory per process (MiB)", 1, 1)
+    style.axis_titles(fig, None, "step time (ms)", 1, 2)
     fig.update_layout(title=title, template=style.TEMPLATE, height=440)
     return fig
 

@@ -131,7 +131,7 @@ def figure(table: Table, tolerance: float, title: str = "Data-parallel options a
     model; marker: placement; a red outline marks an option whose validation loss is worse than plain DDP's by
     more than the tolerance."""
     fig = make_subplots(rows=1, cols=3, subplot_titles=("Step time / plain DDP", "Exposed communication (ms)",
-                                                        "Validation loss vs plain DDP (%)"))
+                                                        "Validation loss vs plain DDP (%)"), horizontal_spacing=0.1)
     t = table.data.copy()
     if "model" not in t:
         t["model"] = "kan"
@@ -158,6 +158,9 @@ def figure(table: Table, tolerance: float, title: str = "Data-parallel options a
                              dict(mode="markers", marker=dict(symbol="circle", size=11, color="white",
                                                               line=dict(color=HARM_COLOR, width=3))))])
     fig.update_xaxes(tickangle=-30)
+    for col, y in enumerate(("step time / plain DDP's (x)", "exposed communication (ms per step)",
+                             "validation loss vs plain DDP (%)"), start=1):
+        style.axis_titles(fig, "option", y, 1, col)
     fig.update_layout(title=title, template=style.TEMPLATE, height=500)
     return fig
 
