@@ -96,6 +96,17 @@ def test_sizes_run_from_min_to_max_by_the_factor():
     assert BenchConfig(min_bytes=7, max_bytes=17).sizes() == [4, 12, 16]  # 7, 14, 17 in whole float32 elements
 
 
+def test_default_sizes_run_past_the_largest_bucket():
+    """The benchmark stopped at 4 MiB while DDP's default bucket is 25 MiB: the link model's bandwidth at the bucket
+    was an extrapolation. By default two sizes lie past DDP's default bucket cap, at a size factor of 2 or 4."""
+    from kanlib.config import RunConfig
+
+    bucket = RunConfig.bucket_cap_mb * 2**20
+    for factor in (2, 4):
+        past = [s for s in BenchConfig(size_factor=factor).sizes() if s > bucket]
+        assert len(past) >= 2, (factor, past)
+
+
 def test_bench_configs_always_include_nccls_own_choice(tmp_path):
     base = BenchConfig(out_dir=str(tmp_path), device="cuda")
     cfgs = bench_configs(["1x2", "2x1"], base, algos=("Ring", "Tree"), protos=("Simple",), repeats=2)

@@ -28,7 +28,7 @@ def test_published_setup_in_three_scenarios(calibrated, tmp_path):
     # beside the implied fixed per-step time, the per-rank variability that reproduces 74.7% with <= 6.1% communication
     implied = c.set_index("quantity").loc[published.IMPLIED_ROWS[1], c.columns[2]]
     assert re.fullmatch(r"\d+% \(compute \d(\.\d)?x slower\)", implied), implied
-    bars = {t.x[0] for t in a.figures["comparison"].data if t.type == "bar"}
+    bars = {t.x[0].replace("<br>", " ") for t in a.figures["comparison"].data if t.type == "bar"}
     assert bars == {"preset a100-hdr", "CPU compute + a100-hdr links", "this machine"}  # named, not S1-S3
     assert set(a.tables["drivers"]["scenario"]) == set(c.columns[2:])
     empty = report.published_setup(str(tmp_path / "nothing"))

@@ -33,7 +33,8 @@ def test_every_figure_keeps_one_colour_per_model_and_one_marker_per_placement(st
     assert symbols == {"circle", "square", "diamond"}  # 1x1, 1x2, 2x1, in every subplot the same
     keys = [t.name for t in strong.data if is_key(t)]
     assert keys == ["model kan", "placement 1x1 (nodes x procs)", "placement 1x2 (nodes x procs)",
-                    "placement 2x1 (nodes x procs)", "line: across nodes", "line: one node"]
+                    "placement 2x1 (nodes x procs)", "line: across nodes", "line: one node",
+                    "long dashes: target efficiency 80% (guidelines)"]
     assert "diamond" not in strong.layout.title.text  # the caption never promises a marker
     assert style.placement_symbol("2x1") == "diamond" and style.model_color("mlp") == "#ff7f0e"
 
@@ -144,7 +145,7 @@ def test_report_findings_cover_the_new_studies(full_study_dir):
     assert "weak (64/process, lr_rule none) at 1x2: statistical efficiency 67%" in \
         found["Time to the target validation loss"]["ours"]
     assert found["Kernel speedup x DDP speedup"]["ours"].startswith("fast at 1x2: measured 4.00x vs product 4.55x")
-    assert "powersgd rank 1 (1x4): step 0.88x, val loss +10.00% - harms convergence" in \
+    assert "powersgd rank 1 (1x4): step 1.14x faster, val loss +10.00% - harms convergence" in \
         found["Data-parallel options against plain DDP"]["ours"]
     assert found["FSDP against DDP: where sharding pays"]["ours"] == "kan 1x2: FSDP pays from 1,000,000 parameters"
     assert "recovered 5 ms" in found["Calibration: the link model on a known signal"]["ours"]

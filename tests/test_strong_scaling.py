@@ -79,7 +79,8 @@ def test_figure_draws_no_marker_it_does_not_promise(tmp_path):
     write_records(tmp_path, strong_records({1: 8.0, 2: 4.4}))
     fig = report.analyze(str(tmp_path), "strong_scaling").figures["speedup_efficiency"]
     keys = [t.name for t in fig.data if is_key(t)]
-    assert keys == ["model kan", "placement 1x1 (nodes x procs)", "placement 1x2 (nodes x procs)", "line: one node"]
+    assert keys == ["model kan", "placement 1x1 (nodes x procs)", "placement 1x2 (nodes x procs)", "line: one node",
+                    "long dashes: target efficiency 80% (guidelines)"]
 
 
 def test_display_table_formats_units_and_intervals(study_dir):

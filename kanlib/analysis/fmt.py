@@ -47,6 +47,16 @@ def x(v) -> str:
     return f"{v:.2f}x" if np.isfinite(v) else "n/a"
 
 
+def slower_faster(ratio) -> str:
+    """A time against a reference's (``ratio = time / reference``) in words that say which way: ``1.32x slower``,
+    ``1.14x faster`` (the reference over the time), ``as fast`` when both print as 1.00x; ``n/a`` when not finite."""
+    if not finite(ratio) or ratio <= 0:
+        return "n/a"
+    if f"{ratio:.2f}" == "1.00" and f"{1 / ratio:.2f}" == "1.00":
+        return "as fast"
+    return f"{ratio:.2f}x slower" if ratio > 1 else f"{1 / ratio:.2f}x faster"
+
+
 def mib(v) -> str:
     """Bytes in MiB with a thousands separator."""
     return f"{v / 2**20:,.1f}" if finite(v) else "n/a"

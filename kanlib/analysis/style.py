@@ -7,7 +7,10 @@ the same marker (:func:`placement_symbol`), and a line is solid within one node 
 entries, no data, :func:`legend_key`); data traces belong to their model's legend group, so clicking a model
 hides all of its traces. Groups of records that differ in configuration get a subplot each (:func:`facets`).
 A series with a single point is not drawn as a line; ``fig.layout.meta["not_drawn"]`` names what was left out,
-for the caption.
+for the caption. Every subplot has an x- and a y-axis title with its unit (:func:`axis_titles`;
+:func:`missing_axis_titles` lists the axes that lack one); the target efficiency is one long-dashed line
+(:func:`target_line`), a published range one shaded band (:func:`published_band`), and a point above 100%
+efficiency is flagged where it is drawn (:func:`flag_above`).
 
 Figures are plain ``go.Figure`` objects. :func:`use_offline_renderers` makes notebook outputs carry both the
 plotly mime bundle (JupyterLab renders it in untrusted notebooks) and HTML with plotly.js embedded once and no
@@ -68,6 +71,13 @@ FAMILY_DASH = {"one node": "solid", "across nodes": "dash"}
 """Line style of a series: its processes on one node, or spread over several nodes."""
 GREY = "#555555"
 FACET_COLS = 3  # subplots per row before wrapping
+ROW_GAP_PX = 120  # between stacked panels: the upper one's x-axis title, the lower one's two-line title
+TARGET_COLOR = "#2b2b2b"
+"""The target efficiency's line (dashed), in every figure the same."""
+BAND_COLOR = "#f4a582"
+"""The published range's band."""
+FLAG_COLOR = "#d62728"
+"""The ring around a point that needs a second look (above 100% efficiency)."""
 
 
 def model_color(model: str) -> str:
@@ -149,11 +159,19 @@ def grid(n_facets: int, rows_per_facet: int, titles: list[str], row_titles: list
                 i = fr * cols + c
                 subplot_titles.append(
                     (f"{row_titles[r]}" + (f"<br><sup>{titles[i]}</sup>" if titles[i] else "")) if i < n_facets else "")
-    fig = make_subplots(rows=facet_rows * rows_per_facet, cols=cols, subplot_titles=subplot_titles,
-                        vertical_spacing=vertical_spacing if vertical_spacing is not None else
-                        min(0.12, 0.6 / max(1, facet_rows * rows_per_facet)),
+    n_rows = facet_rows * rows_per_facet
+    # every panel titles its x axis, and the panel below has a two-line title: ROW_GAP_PX between panels
+    height = max(380, height_per_row * n_rows + 80 + ROW_GAP_PX * (n_rows - 1))
+    if vertical_spacing is None:
+        vertical_spacing = min(ROW_GAP_PX / max(1, height - 180), 0.9 / max(1, n_rows - 1))
+    fig = make_subplots(rows=n_rows, cols=cols, subplot_titles=subplot_titles, vertical_spacing=vertical_spacing,
                         horizontal_spacing=0.08)
-    fig.update_layout(height=max(380, height_per_row * facet_rows * rows_per_facet + 80))
+    fig.update_layout(height=height)
+    for i in range(n_facets, facet_rows * cols):  # cells of the last row with no facet: no empty axes
+        for r in range(rows_per_facet):
+            row, col = cell(i, r, cols, rows_per_facet)
+            fig.update_xaxes(visible=False, row=row, col=col)
+            fig.update_yaxes(visible=False, row=row, col=col)
     return fig, cols
 
 
@@ -237,3 +255,107 @@ def drawn_placements(fig: go.Figure, table: pd.DataFrame) -> list[str]:
             drawn.add(s)
     ps = sorted(set(table["placement"]), key=groups.placement_key)
     return [p for p in ps if placement_symbol(p) in drawn]
+
+
+# -- axes, targets, published ranges, flags ------------------------------------------------------------
+def axis_titles(fig: go.Figure, x: str | None, y: str | None, row: int | None = None, col: int | None = None) -> None:
+    """Title the x and y axes (with their units) of subplot (row, col), or of every subplot when both are None."""
+    if x is not None:
+        fig.update_xaxes(title_text=x, row=row, col=col)
+    if y is not None:
+        fig.update_yaxes(title_text=y, row=row, col=col)
+
+
+def _used_axes(fig: go.Figure) -> set[str]:
+    used = set()
+    for t in fig.data:
+        xa, ya = getattr(t, "xaxis", None) or "x", getattr(t, "yaxis", None) or "y"
+        used.add("xaxis" + xa[1:])
+        used.add("yaxis" + ya[1:])
+    return used
+
+
+def missing_axis_titles(fig: go.Figure) -> list[str]:
+    """The visible axes (``xaxis``, ``yaxis3``, ...) of ``fig`` that some trace draws on and that have no title."""
+    lay = fig.layout
+    out = []
+    for name in sorted(_used_axes(fig)):
+        ax = lay[name] if name in lay else None
+        if ax is not None and ax.visible is False:
+            continue
+        if ax is None or not (ax.title and ax.title.text):
+            out.append(name)
+    return out
+
+
+def target_line(fig: go.Figure, target: float, row: int | None = None, col: int | None = None) -> None:
+    """The target efficiency (a fraction, e.g. 0.8 from the guidelines' Goals) as a long-dashed black line, labelled
+    (long dashes: a short-dashed line is a series across nodes)."""
+    fig.add_hline(y=target, line=dict(dash="longdash", color=TARGET_COLOR, width=1.5), row=row, col=col,
+                  annotation_text=f"target {target:.0%}", annotation_position="bottom right",
+                  annotation_font=dict(size=10, color=TARGET_COLOR), name=f"target {target:.0%}")
+
+
+def target_key(target: float) -> tuple[str, dict]:
+    """The legend-key entry of :func:`target_line` (for :func:`legend_key`'s ``extra``)."""
+    return (f"long dashes: target efficiency {target:.0%} (guidelines)",
+            dict(mode="lines", line=dict(dash="longdash", color=TARGET_COLOR, width=1.5)))
+
+
+def published_band(fig: go.Figure, lo: float, hi: float, label: str, row: int | None = None,
+                   col: int | None = None) -> None:
+    """A published range ``[lo, hi]`` (in the axis' units) as a shaded band behind the data, labelled."""
+    fig.add_hrect(y0=lo, y1=hi, fillcolor=BAND_COLOR, opacity=0.45, line_width=0, layer="below", row=row, col=col,
+                  annotation_text=label, annotation_position="top left",
+                  annotation_font=dict(size=10, color="#b2182b"), name=label)
+
+
+def band_key(label: str) -> tuple[str, dict]:
+    """The legend-key entry of :func:`published_band`."""
+    return (f"band: {label}", dict(mode="markers", marker=dict(symbol="square", size=12, color=BAND_COLOR)))
+
+
+def flag_above(fig: go.Figure, limit: float = 1.0,
+               label: str = "above 100%: beyond ideal scaling (triangle: off the scale, its value beside)",
+               cap: float = 1.5) -> list[str]:
+    """Ring every drawn point whose y exceeds ``limit`` (an efficiency above 100%) in its own subplot and name the
+    ring in the legend once. The y axis shows up to ``cap``: a point above it is drawn at the top edge as a ringed
+    up-triangle labelled with its value, so that one wild point does not flatten the rest. Returns what was
+    flagged (trace name, value and x) for the caption; [] when nothing is above."""
+    flagged, rings = [], []
+    for t in data_traces(fig):
+        if getattr(t, "fill", None) in ("toself", "tonexty", "tozeroy") or t.name == label:
+            continue  # a band's outline is not a point
+        pts = [(x, float(y)) for x, y in zip(list(t.x), list(t.y) if t.y is not None else [])
+               if y is not None and np.isfinite(float(y)) and float(y) > limit]
+        if pts:
+            rings.append((t.xaxis or "x", t.yaxis or "y", pts))
+            flagged += [f"{t.name} {y:.0%} at {x}" for x, y in pts]
+    highest = {}  # (y axis, x) -> the highest value off the scale there: the one whose value is written
+    for _, ya, pts in rings:
+        for x, y in pts:
+            if y > cap:
+                highest[(ya, x)] = max(y, highest.get((ya, x), y))
+    for i, (xa, ya, pts) in enumerate(rings):
+        text = []
+        for x, y in pts:
+            text.append(f"{y:.0%}" if y > cap and highest.pop((ya, x), None) == y else "")
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[min(p[1], cap) for p in pts], mode="markers+text",
+                                 name=label, legendgroup=label, showlegend=i == 0, xaxis=xa, yaxis=ya,
+                                 text=text, textposition="middle right",
+                                 textfont=dict(color=FLAG_COLOR, size=10), hoverinfo="text",
+                                 hovertext=[f"{y:.0%}: above 100% efficiency" for _, y in pts],
+                                 marker=dict(symbol=["triangle-up-open" if y > cap else "circle-open" for _, y in pts],
+                                             size=20, color=FLAG_COLOR, line=dict(width=2.5))))
+        name = "yaxis" + ya[1:]
+        rng = fig.layout[name].range
+        top = min(cap, max(p[1] for p in pts)) * 1.05
+        if rng is not None and rng[1] < top:
+            fig.layout[name].range = (rng[0], top)
+    return flagged
+
+
+def listed(items: list[str], most: int = 4) -> str:
+    """``items`` joined by '; ', the first ``most`` of them and how many more."""
+    more = len(items) - most
+    return "; ".join(items[:most]) + (f"; and {more} more" if more > 0 else "")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kanlib.analysis import commmodel, fmt, groups, style
+from kanlib.analysis import commmodel, fmt, groups, load, style
 from kanlib.analysis.context import Context, Goals, LinkFit
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
@@ -237,14 +237,16 @@ def _fitted_line(fig: go.Figure, key: dict, g: pd.DataFrame, sizes, fits: dict, 
 
 
 def bench_figure(bench: pd.DataFrame, fits: dict | None = None, time_col: str = "time_s",
-                 title: str = "Collective benchmark: all-reduce against message size") -> go.Figure:
+                 title: str = "Collective benchmark: all-reduce against message size",
+                 largest_bucket_bytes: float | None = None) -> go.Figure:
     """nccl-tests' three views of the benchmark (kanlib.analysis.load.load_bench rows): time, algbw and busbw
     against message size (log-log), one series per placement, backend, NCCL setting and emulated link
     (median over repeats at each size). Marker: placement; solid within one node, dashed across nodes;
     colour: the machine's own links, or an emulated link. With ``fits`` each series' fitted time is drawn as
-    a dotted line in the time panel."""
+    a dotted line in the time panel. ``largest_bucket_bytes``: the largest gradient bucket to model, a long-dashed
+    vertical line in each panel (:func:`bench_caption_note` says whether the benchmark measured past it)."""
     fig = make_subplots(rows=1, cols=3, subplot_titles=("Time per all-reduce (s)", "algbw (GB/s)",
-                                                        "busbw = algbw x 2(N-1)/N (GB/s)"))
+                                                        "busbw = algbw x 2(N-1)/N (GB/s)"), horizontal_spacing=0.1)
     b = bench.copy()
     for c in ("emulate_latency_s", "emulate_bandwidth_bytes_per_s"):
         b[c] = b[c].fillna(0.0) if c in b else 0.0
@@ -279,8 +281,61 @@ def bench_figure(bench: pd.DataFrame, fits: dict | None = None, time_col: str = 
                         if fits else []))
     fig.update_xaxes(type="log", title_text="message size (bytes)")
     fig.update_yaxes(type="log")
+    for col, y in enumerate(BENCH_Y_TITLES, start=1):
+        style.axis_titles(fig, None, y, 1, col)
+    if largest_bucket_bytes:  # named in the legend: an annotation on a log axis would need log10 coordinates
+        for col in (1, 2, 3):
+            fig.add_vline(x=float(largest_bucket_bytes), line=dict(dash="longdash", color=style.TARGET_COLOR, width=1),
+                          row=1, col=col)
+        style.legend_key(fig, extra=[(f"long dashes: largest gradient bucket ({fmt.nbytes(largest_bucket_bytes)})",
+                                      dict(mode="lines", line=dict(dash="longdash", color=style.TARGET_COLOR)))])
     fig.update_layout(title=title, template=style.TEMPLATE, height=460)
-    return fig
+    return style.with_meta(fig, largest_bucket_bytes=largest_bucket_bytes,
+                           max_size_bytes=float(b["size_bytes"].max()) if len(b) else None)
+
+
+BENCH_Y_TITLES = ("time per all-reduce (s)", "algbw = bytes / time (GB/s)", "busbw = algbw x 2(N-1)/N (GB/s)")
+"""The y-axis titles of :func:`bench_figure`'s three panels (nccl-tests' time, algbw and busbw)."""
+
+
+def bench_caption_note(fig: go.Figure) -> str:
+    """The caption's sentence on the largest gradient bucket (the vertical line of :func:`bench_figure`): whether
+    the benchmark measured past it, or the link model extrapolates there."""
+    meta = fig.layout.meta or {}
+    big, top = meta.get("largest_bucket_bytes"), meta.get("max_size_bytes")
+    if not big or not top:
+        return ""
+    if top >= big:
+        return (f" The long-dashed line is the largest gradient bucket ({fmt.nbytes(big)}); the benchmark measured "
+                f"up to {fmt.nbytes(top)}, past it.")
+    return (f" The long-dashed line is the largest gradient bucket ({fmt.nbytes(big)}): the benchmark stops at "
+            f"{fmt.nbytes(top)}, below it, so the link model extrapolates there (run the benchmark with max_bytes "
+            f"past it).")
+
+
+def bench_table(bench: pd.DataFrame, time_col: str = "time_s") -> pd.DataFrame:
+    """The benchmark as nccl-tests prints it: per series (placement, backend, NCCL setting, emulated link) and
+    message size, the elements, the time (median over repeats of ``time_col``, in us), algbw and busbw (GB/s)."""
+    if bench.empty:
+        return pd.DataFrame()
+    b = bench.copy()
+    for c in ("emulate_latency_s", "emulate_bandwidth_bytes_per_s"):
+        b[c] = b[c].fillna(0.0) if c in b else 0.0
+    b.loc[b["nnodes"] == 1, ["emulate_latency_s", "emulate_bandwidth_bytes_per_s"]] = 0.0
+    b["nccl_algo"] = b["nccl_algo"].fillna("") if "nccl_algo" in b else ""
+    b["count"] = b["count"] if "count" in b else b["size_bytes"] // 4
+    keys = [k for k in ("placement", "nnodes", "nproc_per_node", "backend", "nccl_algo", "emulate_latency_s",
+                        "emulate_bandwidth_bytes_per_s") if k in b]
+    rows = []
+    for key, g in groups.groupby(b, keys):
+        pts = g.groupby("size_bytes", as_index=False).agg(count=("count", "first"), t=(time_col, "median"),
+                                                          algbw=("algbw_bytes_per_s", "median"),
+                                                          busbw=("busbw_bytes_per_s", "median"))
+        label = _bench_label(key)
+        rows += [{"series": label, "size": fmt.nbytes(r["size_bytes"]), "count (elements)": f"{int(r['count']):,}",
+                  "time (us)": fmt.us(r["t"]), "algbw (GB/s)": f"{r['algbw'] / 1e9:.3g}",
+                  "busbw (GB/s)": f"{r['busbw'] / 1e9:.3g}"} for _, r in pts.sort_values("size_bytes").iterrows()]
+    return pd.DataFrame(rows)
 
 
 def parity_figure(parity: pd.DataFrame, title: str = "The calibrated model against every DDP run",
@@ -344,7 +399,7 @@ def transfer_waiting_figure(by_placement: pd.DataFrame,
                                                                  by_placement["comm_total_s"],
                                                                  by_placement["n_runs"])], hoverinfo="text"))
     fig.update_layout(barmode="relative", title=title, template=style.TEMPLATE, height=400,
-                      yaxis_title="ms per step", xaxis_title="placement (nodes x processes per node)")
+                      yaxis_title="hook time per step (ms)", xaxis_title="placement (nodes x processes per node)")
     return fig
 
 
@@ -410,17 +465,33 @@ def _add_parity(a: StudyAnalysis, ctx: Context, recs: pd.DataFrame, fits: dict) 
             f"({r['waiting_fraction']:.0%} of {r['comm_total_s'] * 1e3:.3g} ms)" for _, r in tw.iterrows()) + ".")
 
 
+def _largest_bucket(ctx: Context) -> float:
+    """The largest gradient bucket cap to model, in bytes: DDP's default cap, or a larger one the communication
+    study's records ran."""
+    try:
+        caps = pd.to_numeric(communication.records_of(ctx)["bucket_cap_mb"], errors="coerce").dropna()
+    except (load.NoRecordsError, KeyError):
+        caps = pd.Series(dtype=float)
+    return max([communication.PLAIN_BUCKET_MB] + caps.tolist()) * 2**20
+
+
 def analyze(ctx: Context) -> StudyAnalysis:
     """The benchmark figure, the fitted constants and their checks, parity and transfer against waiting."""
     fit = link_fit(ctx)
     a = StudyAnalysis(NAME)
     a.lines.append(fit.sentence)
     if not fit.bench.empty:
-        a.add_figure("collbench", bench_figure(fit.bench, fit.fits, time_col=fit.time_col), (
+        fig = bench_figure(fit.bench, fit.fits, time_col=fit.time_col, largest_bucket_bytes=_largest_bucket(ctx))
+        a.add_figure("collbench", fig, (
             "Collective benchmark (barrier before every all-reduce, so no waiting for a late rank): time, algbw = "
             "bytes/time and busbw = algbw x 2(N-1)/N against message size, per placement; dashed lines cross nodes, "
             "red ones go through the emulated link; dotted lines are the fitted model. See the latency floor at "
-            "small sizes, the bandwidth plateau at large ones, and the emulated link's added latency."))
+            "small sizes, the bandwidth plateau at large ones, and the emulated link's added latency."
+            + bench_caption_note(fig)))
+        a.add_table("collbench", bench_table(fit.bench, fit.time_col), (
+            "The collective benchmark in nccl-tests' columns: per series and message size, the time of one "
+            f"all-reduce (median over repeats of each size's {fit.time_col}), algbw = bytes / time and busbw = "
+            "algbw x 2(N-1)/N"))
     if fit.fits:
         _add_checks(a, ctx, fit.fits)
         _add_parity(a, ctx, communication.records_of(ctx), fit.fits)

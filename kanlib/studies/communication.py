@@ -357,13 +357,25 @@ def _point_labels(t: pd.DataFrame) -> pd.Series:
     return out
 
 
+POINT_AXIS = "point (placement, bucket size, ...)"
+"""The x-axis title of the overhead figure: one category per measured point."""
+BAND_LABEL = f"published {PUBLISHED_RANGE}"
+"""The published overhead range's band in the overhead figure (the numbers are presets.PUBLISHED's)."""
+
+
 def figure(table: Table, title: str = "Communication overhead") -> go.Figure:
     """Per point (placement, bucket size, ...): step time split into compute (light bar, hidden
     communication included) and exposed communication (solid bar) in the model's colour, the total
-    all-reduce time (placement marker), and the exposed share of the step with its interval."""
+    all-reduce time (placement marker), and the exposed share of the step with its interval beside the published
+    overhead range (shaded band, :data:`BAND_LABEL`); every overhead panel shares one y range."""
     facets = style.facets(table.data, table.group_fields())
     fig, cols = style.grid(len(facets), 2, [f for f, _ in facets],
                            ["Step time: compute + exposed communication (ms)", "Exposed share of the step (overhead)"])
+    # one y range for every overhead panel: the data's highest interval end, never less than the published band
+    hi = pd.to_numeric(table.data.get("overhead_hi", table.data["overhead_fraction"]), errors="coerce")
+    hi = np.r_[hi.to_numpy(float), table.data["overhead_fraction"].to_numpy(float)]
+    hi = hi[np.isfinite(hi)]
+    top = min(1.05, max(1.5 * PAPER["overhead_fraction_max"], 1.1 * float(hi.max()) if hi.size else 0.0))
     for i, (label, g) in enumerate(facets):
         g = g.sort_values(["world_size", "nnodes", "bucket_cap_mb"], kind="stable")
         x = _point_labels(g)
@@ -383,13 +395,18 @@ def figure(table: Table, title: str = "Communication overhead") -> go.Figure:
                                      legendgroup=str(m), showlegend=False,
                                      marker=dict(symbol=style.symbols(gm), size=11, color=col),
                                      **style.error_bars(gm, "overhead_fraction", "overhead_lo", "overhead_hi")), r, c)
+        r, c = style.cell(i, 0, cols, 2)
+        style.axis_titles(fig, POINT_AXIS, "time per step (ms)", r, c)
         r, c = style.cell(i, 1, cols, 2)
-        fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=r, col=c)
+        style.axis_titles(fig, POINT_AXIS, "exposed communication / step (%)", r, c)
+        fig.update_yaxes(range=[0, top], tickformat=".0%", row=r, col=c)
+        style.published_band(fig, PAPER["overhead_fraction_min"], PAPER["overhead_fraction_max"], BAND_LABEL, r, c)
     style.legend_key(fig, sorted(table.data["model"].unique()), style.drawn_placements(fig, table.data),
                      extra=[("bar: compute (light), exposed (solid)", dict(mode="markers", marker=dict(
                          symbol="square", color=style.GREY, size=12))),
                             ("hollow marker: total all-reduce time", dict(mode="markers", marker=dict(
-                                symbol="circle", color="white", size=11, line=dict(color=style.GREY, width=2))))])
+                                symbol="circle", color="white", size=11, line=dict(color=style.GREY, width=2)))),
+                            style.band_key(BAND_LABEL)])
     fig.update_layout(barmode="stack", title=title, template=style.TEMPLATE)
     return fig
 
@@ -404,7 +421,8 @@ def analyze(ctx: Context) -> StudyAnalysis:
     a.add_figure("overhead", figure(plain if len(plain) else kan), (
         "Per point (placement, bucket size, ...): step time split into compute with hidden communication (light) "
         "and exposed communication (solid), the total all-reduce time (hollow marker), and the exposed share of "
-        "the step with its bootstrap 95% interval. See which placement and bucket size expose the least, and how "
+        f"the step with its bootstrap 95% interval, beside the shaded band of the published {PUBLISHED_RANGE}. "
+        "See which placement and bucket size expose the least, and how "
         "much of the all-reduce hides behind the backward pass."
         + (" Plain DDP points only (the timed full-precision hook, no other option); the options follow below."
            if 0 < len(plain) < len(kan) else "")

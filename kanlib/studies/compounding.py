@@ -164,6 +164,9 @@ def figure(table: Table, title: str = "Kernel speedup x data-parallel speedup") 
     fig.update_yaxes(rangemode="tozero")
     fig.update_xaxes(tickvals=list(range(len(places))), ticktext=places,
                      title_text="placement (nodes x processes per node)")
+    style.axis_titles(fig, None, "speedup over the reference kernel on the smallest placement (x)", 1, 1)
+    style.axis_titles(fig, None, "parallel efficiency S/N (% of ideal)", 1, 2)
+    fig.update_yaxes(tickformat=".0%", row=1, col=2)
     fig.update_layout(title=title, template=style.TEMPLATE, height=460)
     return fig
 

@@ -71,13 +71,16 @@ def _add_measured(fig: go.Figure, measured: pd.DataFrame, r: int, c: int) -> Non
 
 
 def figure(table: pd.DataFrame, measured: pd.DataFrame | None = None, target: float = 0.8,
-           title: str = "Predicted scaling to thousands of GPUs") -> go.Figure:
+           title: str | None = None, link: str = "GPUs on preset links") -> go.Figure:
     """Predicted efficiency and exposed share of the step against world size (log2) for each KAN size
     (colour: a shade of the KAN colour per size), algorithm (line style) and bucket size (a subplot pair
-    each), from kanlib.analysis.commmodel.extrapolation_table; the dotted line is the target. ``measured``: rows
-    with ``world_size``, ``efficiency``, ``pred_efficiency``, ``placement`` and ``label`` - measured
+    each), from kanlib.analysis.commmodel.extrapolation_table; the long-dashed line is the target. ``measured``:
+    rows with ``world_size``, ``efficiency``, ``pred_efficiency``, ``placement`` and ``label`` - measured
     strong-scaling points (filled markers) beside the model's prediction for the same configuration
-    (open markers), drawn in every efficiency panel."""
+    (open markers), drawn in every efficiency panel. ``link``: what a rank is and the links it used (the x axis
+    and the title say it: CPU processes on links measured here are not GPUs). A point above 100% efficiency is
+    ringed (:func:`kanlib.analysis.style.flag_above`); ``layout.meta['above_100']`` names each, for the
+    caption."""
     caps = sorted(table["bucket_cap_mb"].unique())
     fig, cols = style.grid(len(caps), 2, [f"{c:g} MiB buckets" for c in caps],
                            ["Predicted efficiency", "Exposed communication / step"], height_per_row=340,
@@ -114,13 +117,15 @@ def figure(table: pd.DataFrame, measured: pd.DataFrame | None = None, target: fl
             r, c = style.cell(i, 1, cols, 2)
             fig.add_trace(go.Scatter(x=s["world_size"], y=s["overhead_fraction"], **look), r, c)
         r, c = style.cell(i, 0, cols, 2)
-        fig.add_hline(y=target, line=dict(dash="dot", color="grey"), row=r, col=c)
+        style.target_line(fig, target, r, c)
         if has_measured:
             _add_measured(fig, measured, r, c)
         for k in range(2):
             r, c = style.cell(i, k, cols, 2)
-            fig.update_xaxes(type="log", title_text="world size (GPUs)", row=r, col=c)
+            fig.update_xaxes(type="log", row=r, col=c)
             fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=r, col=c)
+            style.axis_titles(fig, f"world size N ({link})", ("predicted efficiency (% of ideal)",
+                                                              "exposed communication / step (%)")[k], r, c)
     for j, kan in enumerate(sizes):
         n = int(table.loc[table["kan"] == kan, "n_params"].iloc[0])
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"{kan} ({n:,} parameters)",
@@ -130,10 +135,12 @@ def figure(table: pd.DataFrame, measured: pd.DataFrame | None = None, target: fl
     if has_measured:
         extra.append(("filled: measured; open: model for that run", dict(mode="markers", marker=dict(
             symbol="circle-open", size=11, color=style.model_color("kan")))))
+    extra.append(style.target_key(target))
     style.legend_key(fig, placements=sorted(set(measured["placement"]), key=groups.placement_key)
                      if has_measured else (), extra=extra)
-    fig.update_layout(title=title, template=style.TEMPLATE)
-    return fig
+    above = style.flag_above(fig)
+    fig.update_layout(title=title or f"Predicted scaling to thousands of ranks: {link}", template=style.TEMPLATE)
+    return style.with_meta(fig, above_100=above)
 
 
 def measured_points(ctx: Context, model, prof, **straggler_kw) -> pd.DataFrame:
@@ -403,17 +410,25 @@ def _describe(a: StudyAnalysis, ctx: Context, t: Table, models: dict, prof, fit,
                                **{k: v for k, v in skw.items()
                                   if k in ("rank_sigma", "host_factor") + commmodel.CONTENTION_TERMS}) \
         if fit is not None else pd.DataFrame()
-    a.add_figure("efficiency", figure(table, measured, target), (
-        f"Predicted strong-scaling efficiency and exposed communication share, 1 to {max_n} GPUs "
+    rank = "GPUs" if fit is None else f"{fit.key[1]} processes"
+    link = (f"GPUs on links of preset {args['preset_name']}" if fit is None else
+            f"{fit.key[1]} processes on the {fit.key[0]} links measured here")
+    fig = figure(table, measured, target, link=link)
+    above = sorted((fig.layout.meta or {}).get("above_100") or [], key=lambda v: not v.startswith("measured"))
+    a.add_figure("efficiency", fig, (
+        f"Predicted strong-scaling efficiency and exposed communication share, 1 to {max_n} {rank} "
         f"({gpn} per node), global batch {args['global_batch']}, for each KAN size (shade), algorithm (line style) "
-        f"and bucket size (subplot pair); {links}; compute: {prof.source}. The dotted line is the target "
+        f"and bucket size (subplot pair); {links}; compute: {prof.source}. The long-dashed line is the target "
         f"{target:.0%}. "
         + ("Lines: the straggler model (the slowest of N ranks, contention measured here); shaded: its band (the "
            "per-rank spread's interval and the leave-one-out error); thin lines: the optimistic bound without "
            "stragglers or contention. Neither has congestion or NIC sharing."
            if fit is not None else "An optimistic bound: no stragglers, congestion or NIC sharing.")
         + (" Filled markers: measured strong-scaling points; open: the model for the same configuration."
-           if len(measured) else "")))
+           if len(measured) else "")
+        + (f" Ringed in red, above 100% efficiency (beyond ideal scaling: a one-process baseline slower than its "
+           f"share, noise, or a model outside what it was fitted on; not a gain to expect): {style.listed(above)}."
+           if above else "")))
     above = commmodel.sizes_above(table, target, at_n)
     a.add_table("above", _above_table(above, at_n, target), f"Which sizes stay at or above {target:.0%} at {at_n} GPUs")
     a.extra["above"] = above

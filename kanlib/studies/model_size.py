@@ -200,6 +200,10 @@ def figure(table: Table, title: str = "Model-size scaling") -> go.Figure:
     style.legend_key(fig, models, style.drawn_placements(fig, table.data))
     fig.update_xaxes(type="log", title_text="parameters")
     fig.update_yaxes(type="log")
+    for (r, c), y in zip(((1, 1), (1, 2), (2, 1), (2, 2)), ("step time (ms)", "peak memory (MiB)",
+                                                           "parameters per byte (1/B)",
+                                                           "step time per parameter (ns)")):
+        style.axis_titles(fig, None, y, r, c)
     fig.update_layout(title=title, template=style.TEMPLATE, height=720)
     return style.with_meta(fig, not_drawn=not_drawn)
 
@@ -239,6 +243,8 @@ def fsdp_figure(table: pd.DataFrame, title: str = "FSDP against DDP per model si
                                                                         line=dict(color=grey, dash="dot")))])
     fig.update_xaxes(type="log", title_text="parameters")
     fig.update_yaxes(type="log")
+    style.axis_titles(fig, None, "peak memory per process (MiB)", 1, 1)
+    style.axis_titles(fig, None, "step time (ms)", 1, 2)
     fig.update_layout(title=title, template=style.TEMPLATE, height=440)
     return fig
 
@@ -252,7 +258,7 @@ def _fsdp_display(fs: pd.DataFrame) -> pd.DataFrame:
         "state per process DDP / FSDP (analytic)": [f"{fmt.nbytes(a)} / {fmt.nbytes(b)}" for a, b in
                                                     zip(fs["state_ddp_bytes"], fs["state_fsdp_bytes"])],
         "step DDP (ms)": fs["step_ddp_s"].map(fmt.ms), "step FSDP (ms)": fs["step_fsdp_s"].map(fmt.ms),
-        "FSDP / DDP step": fs["step_ratio"].map(lambda v: f"{v:.2f}"),
+        "FSDP step vs DDP": fs["step_ratio"].map(fmt.slower_faster),
         "val loss DDP / FSDP": [f"{a:.4g} / {b:.4g}" for a, b in zip(fs["val_loss_ddp"], fs["val_loss_fsdp"])],
         "FSDP pays": fs["pays"].map({True: "yes", False: "no"})})
 
@@ -364,7 +370,8 @@ def finding(a: StudyAnalysis) -> list[dict]:
             top = g.sort_values("n_params").iloc[-1]
             parts.append(f"{m}: FSDP pays from {n:,} parameters" if n else
                          f"{m}: no measured size where FSDP pays (at {int(top['n_params']):,} parameters its peak "
-                         f"memory per process is {top['mem_ratio']:.2f}x DDP's, its step {top['step_ratio']:.2f}x)")
+                         f"memory per process is {top['mem_ratio']:.2f}x DDP's, its step "
+                         f"{fmt.slower_faster(top['step_ratio'])})")
         out.append({"study": SECTION, "topic": "FSDP against DDP: where sharding pays", "ours": "; ".join(parts),
                     "published": PUBLISHED_FSDP})
     return out
@@ -469,7 +476,8 @@ def _fsdp_answers(t: Table, records: pd.DataFrame, rows: list, text: list) -> No
         top = g.sort_values("n_params").iloc[-1]
         if n is None:
             answer = (f"no measured size: at the largest ({int(top['n_params']):,} parameters) FSDP's peak memory "
-                      f"per process is {top['mem_ratio']:.2f}x DDP's and its step {top['step_ratio']:.2f}x")
+                      f"per process is {top['mem_ratio']:.2f}x DDP's and its step "
+                      f"{fmt.slower_faster(top['step_ratio'])}")
             why = (" On CPU the peak is the process's resident set, which the framework dominates at these sizes "
                    f"(analytic state: {fmt.nbytes(top['state_ddp_bytes'])} under DDP, "
                    f"{fmt.nbytes(top['state_fsdp_bytes'])} per process under FSDP)."
@@ -478,7 +486,7 @@ def _fsdp_answers(t: Table, records: pd.DataFrame, rows: list, text: list) -> No
         else:
             r = g[g["n_params"] == n].iloc[0]
             answer = (f"from {n:,} parameters: peak memory per process {r['mem_ratio']:.2f}x DDP's, step "
-                      f"{r['step_ratio']:.2f}x")
+                      f"{fmt.slower_faster(r['step_ratio'])}")
             text.append(f"{line_label(key)}: FSDP starts to pay {answer} (and at every larger size measured).")
         rows.append({"question": f"{p}: model size from which FSDP lowers peak memory per process",
                      "group": groups.model_label({k: v for k, v in key.items() if k != "placement"}),

@@ -130,7 +130,7 @@ def figure(table: Table, tolerance: float, title: str = "Data-parallel options a
     model; marker: placement; a red outline marks an option whose validation loss is worse than plain DDP's by
     more than the tolerance."""
     fig = make_subplots(rows=1, cols=3, subplot_titles=("Step time / plain DDP", "Exposed communication (ms)",
-                                                        "Validation loss vs plain DDP (%)"))
+                                                        "Validation loss vs plain DDP (%)"), horizontal_spacing=0.1)
     t = table.data.copy()
     if "model" not in t:
         t["model"] = "kan"
@@ -140,7 +140,8 @@ def figure(table: Table, tolerance: float, title: str = "Data-parallel options a
         marker = dict(symbol=style.placement_symbol(p), size=11, color=style.model_color(m),
                       line=dict(color=[HARM_COLOR if h else style.model_color(m) for h in harm],
                                 width=[3 if h else 0 for h in harm]))
-        hover = [f"{o} at {p}<br>step {s * 1e3:.3g} ms ({r:.2f}x plain)<br>exposed {e * 1e3:.3g} ms<br>val loss "
+        hover = [f"{o} at {p}<br>step {s * 1e3:.3g} ms ({fmt.slower_faster(r)} than plain)<br>exposed "
+                 f"{e * 1e3:.3g} ms<br>val loss "
                  f"{v:.5g} ({d:+.2%} vs plain)" for o, s, r, e, v, d in
                  zip(g["option"], g["step_time_s"], g["step_time_ratio"], g["exposed_s"], g["val_loss"],
                      g["val_loss_rel_delta"])]
@@ -156,6 +157,9 @@ def figure(table: Table, tolerance: float, title: str = "Data-parallel options a
                              dict(mode="markers", marker=dict(symbol="circle", size=11, color="white",
                                                               line=dict(color=HARM_COLOR, width=3))))])
     fig.update_xaxes(tickangle=-30)
+    for col, y in enumerate(("step time / plain DDP's (x)", "exposed communication (ms per step)",
+                             "validation loss vs plain DDP (%)"), start=1):
+        style.axis_titles(fig, "option", y, 1, col)
     fig.update_layout(title=title, template=style.TEMPLATE, height=500)
     return fig
 
@@ -166,7 +170,7 @@ def display_table(t: Table) -> pd.DataFrame:
     return pd.DataFrame({
         "option": o["option"], "placement": o["placement"], "bucket (MiB)": o["bucket_cap_mb"].map(lambda v: f"{v:g}"),
         "runs": o["n_runs"], "step (ms)": o["step_time_s"].map(fmt.ms),
-        "step / plain": o["step_time_ratio"].map(lambda v: f"{v:.2f}x" if np.isfinite(v) else "n/a"),
+        "step vs plain": o["step_time_ratio"].map(fmt.slower_faster),
         "exposed (ms)": o["exposed_s"].map(fmt.ms), "plain exposed (ms)": o["plain_exposed_s"].map(fmt.ms),
         "val loss": o["val_loss"].map(lambda v: f"{v:.5g}" if np.isfinite(v) else "n/a"),
         "vs plain": o["val_loss_rel_delta"].map(fmt.signed_pct),
@@ -194,7 +198,8 @@ def analyze(ctx: Context) -> StudyAnalysis:
     a.add_table("options", display_table(t), "Data-parallel options against plain DDP")
     a.extra["options"] = o
     for _, r in _judged(o).iterrows():
-        a.lines.append(f"{r['option']} at {r['placement']}: step {r['step_time_ratio']:.2f}x plain DDP, exposed "
+        a.lines.append(f"{r['option']} at {r['placement']}: step {fmt.slower_faster(r['step_time_ratio'])} than plain "
+                       f"DDP, exposed "
                        f"{r['exposed_s'] * 1e3:.3g} ms vs {r['plain_exposed_s'] * 1e3:.3g} ms, validation loss "
                        f"{fmt.signed_pct(r['val_loss_rel_delta'])}"
                        + (" (harms convergence)" if r["harms_convergence"] else "") + ".")
@@ -206,7 +211,7 @@ def finding(a: StudyAnalysis) -> list[dict]:
     opts = a.extra.get("options") if not a.empty else None
     if opts is None or opts.empty:
         return []
-    parts = [f"{r['option']} ({r['placement']}): step {r['step_time_ratio']:.2f}x, val loss "
+    parts = [f"{r['option']} ({r['placement']}): step {fmt.slower_faster(r['step_time_ratio'])}, val loss "
              f"{fmt.signed_pct(r['val_loss_rel_delta'])}" + (" - harms convergence" if r["harms_convergence"] else "")
              for _, r in _judged(opts).iterrows()]
     if not parts:
@@ -233,7 +238,7 @@ def _best_option(ok: pd.DataFrame) -> tuple[str, float]:
     """The answer naming the fastest option that keeps convergence, or plain DDP when none is faster beyond
     the margin or the runs' spread; and its step time against plain DDP's."""
     best = ok.loc[ok["step_time_ratio"].idxmin()]
-    answer = (f"{best['option']}: step {best['step_time_ratio']:.2f}x plain DDP, exposed "
+    answer = (f"{best['option']}: step {fmt.slower_faster(best['step_time_ratio'])} than plain DDP, exposed "
               f"{best['exposed_s'] * 1e3:.3g} ms (plain {best['plain_exposed_s'] * 1e3:.3g} ms), validation "
               f"loss {best['val_loss_rel_delta']:+.2%}")
     if not best["step_time_ratio"] < 1 - stats.MARGIN:  # within run-to-run spread of plain DDP

@@ -114,29 +114,52 @@ def display_table(t: Table) -> pd.DataFrame:
     return t.data
 
 
+def tick_label(short: str, width: int = 16) -> str:
+    """A scenario's short name as a bar's tick label: whole words on lines of at most ``width`` characters (plotly
+    never wraps a tick label; a long one is cut or runs into its neighbour and the legend)."""
+    lines, line = [], ""
+    for word in short.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    return "<br>".join(lines + [line])
+
+
 def figure(comparisons: dict, title: str = "The published setup (8 GPUs = 4 nodes x 2) through the model"
            ) -> go.Figure:
     """Predicted speedup, efficiency and communication overhead at the published shape per scenario
-    (``{name: kanlib.analysis.presets.published_comparison(...)}``) as bars, the published 5.97x, 74.7% and
-    1.3-6.1% as dotted lines and a band."""
+    (``{name: kanlib.analysis.presets.published_comparison(...)}``) as bars, each under its short name wrapped on
+    short lines (:func:`tick_label`; the full name is in its hover and the table), the published 5.97x and 74.7%
+    as dotted lines and the published 1.3-6.1% as a band (the numbers are presets.PUBLISHED's). The legend is a
+    key of the lines and the band, beside the panels, never over the labels."""
     pub = presets.PUBLISHED
     fig = make_subplots(rows=1, cols=3, subplot_titles=("Speedup at 8 GPUs", "Efficiency",
-                                                        "Exposed communication / step"))
+                                                        "Exposed communication / step"), horizontal_spacing=0.1)
     for i, (name, r) in enumerate(comparisons.items()):
         t = r["table"].set_index("quantity")["predicted"].tolist()
-        label = r.get("short") or name
+        label = tick_label(r.get("short") or name)
         for col, v in enumerate(t, start=1):
-            fig.add_trace(go.Bar(x=[label], y=[v], name=name, legendgroup=name, showlegend=col == 1,
+            fig.add_trace(go.Bar(x=[label], y=[v], name=name, legendgroup=name, showlegend=False,
                                  marker=dict(color=_SCENARIO_COLORS[i % len(_SCENARIO_COLORS)]),
                                  hovertext=[f"{name}: {v:.3g}"], hoverinfo="text"), 1, col)
-    fig.add_hline(y=pub["speedup"], line=dict(dash="dot", color="grey"), row=1, col=1)
-    fig.add_hline(y=pub["efficiency"], line=dict(dash="dot", color="grey"), row=1, col=2)
-    fig.add_hrect(y0=pub["overhead_fraction_min"], y1=pub["overhead_fraction_max"], fillcolor="grey",
-                  opacity=0.2, line_width=0, row=1, col=3)
+    dotted = dict(dash="dot", color="grey")
+    fig.add_hline(y=pub["speedup"], line=dotted, row=1, col=1)
+    fig.add_hline(y=pub["efficiency"], line=dotted, row=1, col=2)
+    band = f"published {pub['overhead_fraction_min']:.1%}-{pub['overhead_fraction_max']:.1%}"
+    style.published_band(fig, pub["overhead_fraction_min"], pub["overhead_fraction_max"], band, 1, 3)
+    style.legend_key(fig, extra=[(f"dotted: published {pub['speedup']}x and {pub['efficiency']:.1%}",
+                                  dict(mode="lines", line=dotted)), style.band_key(band)])
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(tickformat=".0%", row=1, col=2)
     fig.update_yaxes(tickformat=".1%", row=1, col=3)
-    fig.update_layout(title=title, template=style.TEMPLATE, height=420, legend=dict(orientation="h", y=-0.15))
+    for col, y in enumerate(("speedup at 8 GPUs (x)", "efficiency S/N (% of ideal)",
+                             "exposed communication / step (%)"), start=1):
+        style.axis_titles(fig, "scenario", y, 1, col)
+    fig.update_xaxes(tickangle=0, automargin=True)
+    fig.update_layout(title=title, template=style.TEMPLATE, height=480, margin=dict(b=110),
+                      legend=dict(orientation="v", x=1.02, y=1, xanchor="left", yanchor="top"))
     return fig
 
 
@@ -187,7 +210,9 @@ def analyze(ctx: Context, preset_name: str = "a100-hdr", widths=(64, 256, 256, 1
         a.extra["comparisons"] = comparisons
         a.add_figure("comparison", figure(comparisons), (
             "The published shape (4 nodes x 2 GPUs) predicted in each scenario (bars) beside the published numbers "
-            "(dotted lines; the shaded band is the published 1.3-6.1% overhead range). Preset scenarios come from "
+            f"(dotted lines; the shaded band is the published {presets.PUBLISHED['overhead_fraction_min']:.1%}-"
+            f"{presets.PUBLISHED['overhead_fraction_max']:.1%} overhead range). Each bar is named under it in short "
+            "(the full name is in its hover and the table below). Preset scenarios come from "
             "specifications, not measurements; a gap means the assumptions differ from the published cluster's "
             "(the table below ranks which ones move the prediction most)."))
         a.add_table("comparison", display_table(table(comparisons)), (

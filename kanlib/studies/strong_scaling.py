@@ -1,8 +1,9 @@
 """Strong scaling: a fixed global batch over a growing number of processes, per placement and work size.
 
 Speedup ``S = T(N0) N0 / T(N)``, efficiency ``S / N`` and the Karp-Flatt serial fraction per (group, placement),
-medians over repeats with bootstrap 95% intervals; efficiency against the work per process across work sizes;
-an Amdahl fit per group. Guideline: the placement with the most processes that keeps the target efficiency,
+medians over repeats with bootstrap 95% intervals; efficiency against the work per process across work sizes.
+The Karp-Flatt fraction is the study's one serial-fraction measure, clipped to [0, 1] (:func:`serial_fraction`).
+Guideline: the placement with the most processes that keeps the target efficiency,
 and per placement the least work per process that does.
 """
 
@@ -43,7 +44,8 @@ def table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, ...] | N
           n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> Table:
     """Strong-scaling table: one row per (group, placement) with the median of ``metric`` over
     repeats, its bootstrap 95% interval, the speedup ``T(N0) / T(N) * N0`` (interval from resampling
-    both), the efficiency ``S / N`` (with its interval) and the Karp-Flatt serial fraction.
+    both), the efficiency ``S / N`` (with its interval) and the Karp-Flatt serial fraction (clipped to [0, 1]:
+    beyond it the speedup is below 1 or superlinear, :func:`serial_fraction`).
 
     Groups are every config field that differs between the records (:func:`design`), plus ``by``.
     ``N0`` is the group's smallest world size (normally 1; on the fewest nodes when several
@@ -84,19 +86,24 @@ def table(df: pd.DataFrame, metric: str = "step_time_s", by: tuple[str, ...] | N
                          "efficiency": sp / n, "efficiency_lo": sp_lo / n, "efficiency_hi": sp_hi / n,
                          "local_batch": gb // n if gb else np.nan, "work_per_process_s": t0 * n0 / n})
     out = pd.DataFrame(rows)
-    if not out.empty:
-        out["karp_flatt"] = stats.karp_flatt(out["speedup"], out["world_size"])
+    if not out.empty:  # a serial fraction is a fraction: beyond [0, 1] the speedup is below 1 or superlinear
+        out["karp_flatt"] = np.clip(stats.karp_flatt(out["speedup"], out["world_size"]), 0.0, 1.0)
     return groups.finish(out, d, dropped, metric)
 
 
 # -- figures -------------------------------------------------------------------------------------
-def figure(table: Table, title: str = "Strong scaling") -> go.Figure:
+def figure(table: Table, title: str = "Strong scaling", target: float = Goals.target_efficiency) -> go.Figure:
     """Speedup and parallel efficiency against world size (medians, bootstrap 95% bars), with the
     ideal, one subplot pair per group (work size, ...); colour = model, marker = placement, solid =
-    within one node, dashed = across nodes."""
+    within one node, dashed = across nodes. Every speedup panel shares one y range, every efficiency panel
+    another (groups compare at a glance), and each efficiency panel carries the ``target`` (the guidelines'
+    target efficiency) as a long-dashed line."""
     facets = style.facets(table.data, table.group_fields(drop=("model",)))
     fig, cols = style.grid(len(facets), 2, [f for f, _ in facets], ["Speedup T(1)/T(N)", "Efficiency S/N"])
     not_drawn, families = [], set()
+    d = table.data
+    top_speedup = 1.08 * max(_top(d, "speedup"), float(d["world_size"].max()) if len(d) else 1.0)
+    top_eff = max(1.05, 1.05 * _top(d, "efficiency"))
     for i, (label, g) in enumerate(facets):
         n = sorted(g["world_size"].unique())
         r1, c = style.cell(i, 0, cols, 2)
@@ -124,20 +131,33 @@ def figure(table: Table, title: str = "Strong scaling") -> go.Figure:
                                          **style.error_bars(s, "speedup"), **look), r1, c)
                 fig.add_trace(go.Scatter(x=s["world_size"], y=s["efficiency"], name=f"{m} {fam}",
                                          **style.error_bars(s, "efficiency"), **look), r2, c)
-        fig.update_xaxes(tickvals=n, title_text="world size N (processes)", row=r2, col=c)
-        fig.update_xaxes(tickvals=n, row=r1, col=c)
-        fig.update_yaxes(rangemode="tozero", row=r2, col=c)
+        for r in (r1, r2):
+            fig.update_xaxes(tickvals=n, row=r, col=c)
+            style.axis_titles(fig, "world size N (processes)", None, r, c)
+        style.axis_titles(fig, None, "speedup S (x)", r1, c)
+        style.axis_titles(fig, None, "efficiency E = S/N (% of ideal)", r2, c)
+        fig.update_yaxes(range=[0, top_speedup], row=r1, col=c)
+        fig.update_yaxes(range=[0, top_eff], tickformat=".0%", row=r2, col=c)
+        style.target_line(fig, target, r2, c)
     style.legend_key(fig, sorted(table.data["model"].unique()), style.drawn_placements(fig, table.data),
-                     sorted(families))
+                     sorted(families), extra=[style.target_key(target)])
     fig.update_layout(title=title, template=style.TEMPLATE)
-    return style.with_meta(fig, not_drawn=not_drawn)
+    return style.with_meta(fig, not_drawn=not_drawn, target=target)
 
 
-def work_figure(table: Table, title: str = "Efficiency against work per process") -> go.Figure | None:
+def _top(d: pd.DataFrame, col: str) -> float:
+    """The highest of ``col`` and its interval's high end in ``d`` (0 when none is finite)."""
+    vals = np.r_[d[col].to_numpy(float), d[f"{col}_hi"].to_numpy(float)] if col in d else np.array([])
+    vals = vals[np.isfinite(vals)]
+    return float(vals.max()) if vals.size else 0.0
+
+
+def work_figure(table: Table, title: str = "Efficiency against work per process",
+                target: float = Goals.target_efficiency) -> go.Figure | None:
     """Efficiency at each multi-process placement against the work a process does per step
     (``T(1) / N``, log scale), across the groups of work size: shows how much work per process a
-    placement needs to scale. One line per (model, placement, other group fields) with at least two
-    work sizes; None when no line has two."""
+    placement needs to scale (the long-dashed line is the ``target``). One line per (model, placement, other group
+    fields) with at least two work sizes; None when no line has two."""
     t = table.data[table.data["world_size"] > 1]
     other = [f for f in table.group_fields(drop=("model",)) if f not in WORK_FIELDS]
     fig = go.Figure()
@@ -163,9 +183,11 @@ def work_figure(table: Table, title: str = "Efficiency against work per process"
     if not drawn:
         return None
     fig.add_hline(y=1.0, line=dict(dash="dot", color="grey"))
-    style.legend_key(fig, sorted(t["model"].unique()), style.drawn_placements(fig, t), sorted(fams))
+    style.target_line(fig, target)
+    style.legend_key(fig, sorted(t["model"].unique()), style.drawn_placements(fig, t), sorted(fams),
+                     extra=[style.target_key(target)])
     fig.update_xaxes(type="log", title_text="work per process per step, T(1)/N (ms)")
-    fig.update_yaxes(title_text="efficiency S/N", rangemode="tozero")
+    fig.update_yaxes(title_text="efficiency E = S/N (% of ideal)", rangemode="tozero", tickformat=".0%")
     fig.update_layout(title=title, template=style.TEMPLATE, height=460)
     return fig
 
@@ -181,38 +203,56 @@ def _work_caption(t: pd.DataFrame) -> str:
         parts.append(f"at {p} it {way}, from {lo['efficiency']:.0%} at {lo['work_per_process_s'] * 1e3:.3g} ms to "
                      f"{hi['efficiency']:.0%} at {hi['work_per_process_s'] * 1e3:.3g} ms")
     return ("Efficiency against the work a process does per step, T(1)/N (log scale), one line per "
-            "placement across the work sizes. Efficiency should rise with work per process (little work "
+            f"placement across the work sizes; the long-dashed line is the target ({Goals.target_efficiency:.0%}). "
+            "Efficiency should rise with work per process (little work "
             "per process is latency-bound): " + "; ".join(parts) + ".")
 
 
-def amdahl_fits(t: Table) -> list[str]:
-    """Per group: the Amdahl serial fraction fitted on its speedups and the speedup it predicts at 8, 64, 1024."""
+def serial_fraction(row) -> str:
+    """A row's Karp-Flatt serial fraction as printed: in [0, 1] always. Above 1 the speedup is below 1 (slower than
+    the baseline: overhead, not a serial part, explains it), below 0 it is superlinear; either is printed at the
+    bound it passed with the reason. '' at the baseline (N0, where it is undefined)."""
+    v = row["karp_flatt"]
+    if not np.isfinite(v):
+        return ""
+    if row["speedup"] < 1:
+        return "1 (capped: slower than N0, overhead beyond any serial part)"
+    if row["speedup"] > row["world_size"]:
+        return "0 (capped: superlinear speedup)"
+    return f"{v:.3f}"
+
+
+def serial_fractions(t: Table) -> list[str]:
+    """Per group: the Karp-Flatt serial fraction at each multi-process placement (the one serial-fraction measure
+    of this study, never above 1: :func:`serial_fraction`); a fraction rising with N means overhead that grows with
+    N, such as communication, rather than a fixed serial part."""
     out = []
     for key, g in groups.groupby(t.data, t.group_fields()):
-        s = stats.fit_amdahl(g["world_size"], g["speedup"])
-        if g["world_size"].nunique() < 2 or not np.isfinite(s):
+        g = g[np.isfinite(g["karp_flatt"].to_numpy(float))].sort_values(["world_size", "nnodes"], kind="stable")
+        if g.empty:
             continue
-        pred = ", ".join(f"{v:.2f}x" for v in stats.amdahl_speedup([8, 64, 1024], s))
-        out.append(f"{groups.group_label(key)}: Amdahl serial fraction {s:.4f}; predicted speedup at 8, 64, "
-                   f"1024 processes: {pred}")
+        out.append(f"{groups.group_label(key)}: Karp-Flatt serial fraction "
+                   + ", ".join(f"{r['placement']} {serial_fraction(r)}" for _, r in g.iterrows()))
     return out
 
 
 def analyze(ctx: Context) -> StudyAnalysis:
-    """The table, the speedup and efficiency figure, the work figure (when there are work sizes) and the Amdahl
-    fits (printed below in a notebook)."""
+    """The table, the speedup and efficiency figure, the work figure (when there are work sizes) and the serial
+    fractions (printed below in a notebook)."""
     t = ctx.cached((NAME, "table"), lambda: table(ctx.runs(RECORDS).data))
     a = StudyAnalysis(NAME, table=t)
     fig = figure(t)
     a.add_figure("speedup_efficiency", fig, (
         "Speedup T(1)/T(N) and efficiency S/N per group (subplot), medians over repeats with bootstrap 95% bars; "
-        "the dotted line is ideal scaling. Colour: model; marker: placement (nodes x processes per node); solid "
-        "lines stay on one node, dashed lines cross nodes. See how far each point falls below ideal, and whether "
+        f"the dotted line is ideal scaling, the long-dashed line the guidelines' target efficiency "
+        f"({Goals.target_efficiency:.0%}); every group shares one y range per row. Colour: model; marker: placement "
+        "(nodes x processes per node); solid lines stay on one node, dashed lines cross nodes. See how far each "
+        "point falls below ideal, and whether "
         "crossing nodes costs more than adding processes on one node." + style.not_drawn(fig)))
     w = work_figure(t)
     if w is not None:
         a.add_figure("work", w, _work_caption(t.data))
-    a.printed = amdahl_fits(t)
+    a.printed = serial_fractions(t)
     return a
 
 
@@ -225,7 +265,7 @@ def display_table(t: Table) -> pd.DataFrame:
            "step time (ms)": fmt.ci_column(d, "step_time_s", fmt.ms),
            "speedup": fmt.ci_column(d, "speedup", fmt.x),
            "efficiency": fmt.ci_column(d, "efficiency", fmt.pct),
-           "Karp-Flatt serial fraction": [f"{v:.3f}" if np.isfinite(v) else "" for v in d["karp_flatt"]]}
+           "Karp-Flatt serial fraction": [serial_fraction(r) for _, r in d.iterrows()]}
     return pd.DataFrame(out).reset_index(drop=True)
 
 
@@ -315,10 +355,9 @@ def _placement_answer(g: pd.DataFrame, label: str, target: float, text: list) ->
     """The guideline row of one group: the placement with the most processes that keeps ``target``."""
     multi = g[g["world_size"] > 1]
     best = largest_efficient_placement(g, target)
-    fit = stats.fit_amdahl(g["world_size"], g["speedup"])
-    fit_txt = f"Amdahl serial fraction {fit:.3f}" if np.isfinite(fit) else "no Amdahl fit"
     if best["world_size"] == g["world_size"].min():
         top = multi.loc[multi["efficiency"].fillna(-1).idxmax()]
+        fit_txt = f"Karp-Flatt serial fraction there {serial_fraction(top)}"
         held = within_note([r for _, r in multi.iterrows()], target)
         answer = (f"none of {', '.join(multi['placement'])}: best {top['placement']} at {fmt.pct_ci(top, 'efficiency')}"
                   + held)
@@ -328,6 +367,7 @@ def _placement_answer(g: pd.DataFrame, label: str, target: float, text: list) ->
                     f"More work per process is needed at this size" + (f" ({held[2:]})" if held else "") + ".")
         value = float(top["efficiency"])
     else:
+        fit_txt = f"Karp-Flatt serial fraction there {serial_fraction(best)}"
         answer = (f"{best['placement']} ({int(best['nnodes'])} node(s) x {int(best['nproc_per_node'])} processes): "
                   f"{fmt.pct_ci(best, 'efficiency')}")
         # other placements of the same world size that meet it too are named with it, in placement order, so

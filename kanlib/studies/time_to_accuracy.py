@@ -187,8 +187,8 @@ def curves_figure(curves: pd.DataFrame, title: str = "Validation loss on the way
             for tv in targets:
                 fig.add_hline(y=tv, line=dict(dash="dot", color="grey"), row=r, col=c)
             fig.update_yaxes(type="log", row=r, col=c)
-            if k == 1:  # the top panel's title already says "against samples"
-                fig.update_xaxes(title_text="cumulative step time (s)", row=r, col=c)
+            style.axis_titles(fig, ("samples seen", "cumulative step time (s)")[k],
+                              "validation loss (the task's loss, log scale)", r, c)
     style.legend_key(fig, sorted(curves["model"].dropna().unique()) if len(curves) else [],
                      style.drawn_placements(fig, curves) if len(curves) else [], sorted(fams),
                      extra=[("dotted: target validation loss",
@@ -247,6 +247,9 @@ def speedup_figure(table: Table, title: str = "Time to target: speedup and stati
                      extra=[("light: step speedup; solid: time-to-target speedup",
                              dict(mode="markers", marker=dict(symbol="square", color=style.GREY, size=12)))])
     fig.update_yaxes(rangemode="tozero")
+    style.axis_titles(fig, "placement (nodes x processes per node)", "speedup over the baseline (x)", 1, 1)
+    style.axis_titles(fig, "placement, samples per process", "statistical efficiency samples(N0)/samples(N) (x)",
+                      1, 2)
     fig.update_layout(barmode="group", title=title, template=style.TEMPLATE, height=460)
     return fig
 

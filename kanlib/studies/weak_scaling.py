@@ -82,10 +82,15 @@ def table(df: pd.DataFrame, by: tuple[str, ...] | None = None, n_boot: int = sta
     return groups.finish(pd.DataFrame(rows), d, dropped, "step_time_s")
 
 
-def figure(table: Table, title: str = "Weak scaling") -> go.Figure:
+Y_TITLES = ("throughput X (samples/s)", "E_w = X(N) / (N X(1)) (% of ideal)", "E_w vs first multi-process (%)")
+"""The y-axis title of each row of :func:`figure`."""
+
+
+def figure(table: Table, title: str = "Weak scaling", target: float = Goals.target_efficiency) -> go.Figure:
     """Throughput and weak-scaling efficiency against world size, a subplot pair per group
-    (per-process batch, ...); a third row of efficiency against the first multi-process point only
-    when some line has two multi-process points (else it would be a lone dot)."""
+    (per-process batch, ...), the ``target`` efficiency as a long-dashed line; a third row of efficiency against
+    the first multi-process point only when some line has two multi-process points (else it would be a lone
+    dot)."""
     facets = style.facets(table.data, table.group_fields(drop=("model",)))
     multi_ok = any(len(s.dropna(subset=["weak_efficiency_multi"])) >= 2
                    for _, g in facets for _, gm in g.groupby("model") for _, s in style.series(gm, "throughput"))
@@ -102,16 +107,18 @@ def figure(table: Table, title: str = "Weak scaling") -> go.Figure:
             for fam, s in lines:
                 families.add(fam)
                 _add_series(fig, s, m, fam, i, cols, len(rows), multi_ok)
-        for k in range(len(rows)):
+        for k, y in enumerate(Y_TITLES[:len(rows)]):
             r, c = style.cell(i, k, cols, len(rows))
             fig.update_xaxes(tickvals=n, row=r, col=c)
-            fig.update_yaxes(rangemode="tozero", row=r, col=c)
-        r, c = style.cell(i, len(rows) - 1, cols, len(rows))
-        fig.update_xaxes(title_text="world size N (processes)", row=r, col=c)
+            fig.update_yaxes(rangemode="tozero", row=r, col=c, **({"tickformat": ".0%"} if k else {}))
+            style.axis_titles(fig, "world size N (processes)", y, r, c)
+            if k == 1:
+                style.target_line(fig, target, r, c)
     style.legend_key(fig, sorted(table.data["model"].unique()), style.drawn_placements(fig, table.data),
-                     sorted(families))
+                     sorted(families), extra=[style.target_key(target)])
     fig.update_layout(title=title, template=style.TEMPLATE)
-    return style.with_meta(fig, not_drawn=not_drawn, multi_row=multi_ok)
+    return style.with_meta(fig, not_drawn=not_drawn, multi_row=multi_ok, target=target)
+
 
 
 def _add_series(fig: go.Figure, s: pd.DataFrame, m: str, fam: str, i: int, cols: int, n_rows: int,
@@ -149,7 +156,9 @@ def analyze(ctx: Context) -> StudyAnalysis:
              "of one kind of placement; the table has it where defined.")
     a.add_figure("throughput_efficiency", fig, (
         "Throughput and weak-scaling efficiency X(N)/(N X(1)) per group (per-process batch, ...), medians with "
-        "bootstrap 95% bars. Colour: model; marker: placement; dashed lines cross nodes. See the drop from one "
+        f"bootstrap 95% bars; the long-dashed line is the guidelines' target efficiency "
+        f"({Goals.target_efficiency:.0%}). "
+        "Colour: model; marker: placement; dashed lines cross nodes. See the drop from one "
         "process to the first multi-process point, and whether efficiency then stays flat." + extra
         + style.not_drawn(fig)))
     return a
