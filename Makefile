@@ -77,7 +77,7 @@ test: notebooks
 	$(PY) -m pytest -q -p no:cacheprovider tests $(NB_BUILD) --nbval-lax
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests -m "not slow and not slurm"
+	$(PY) -m pytest -q -p no:cacheprovider tests -m "(not slow and not slurm and not browser) or smoke"
 
 clean-outputs:
 	rm -rf $(OUT)/*

@@ -118,6 +118,7 @@ def test_diabetes_is_standardised_regression():
     assert d.y_std == pytest.approx(77, rel=0.05)  # disease progression, std about 77 in the raw units
 
 
+@pytest.mark.slow  # 200 training steps
 def test_digits_learns_clearly_above_chance(tmp_path):
     """[64, 32, 10] on the fast path, 200 steps of batch 128: validation accuracy about 0.97 here, against a
     chance accuracy (majority training class) of about 0.08."""

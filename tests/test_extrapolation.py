@@ -8,6 +8,7 @@ import pytest
 from kanlib import report
 
 
+@pytest.mark.slow  # 8 s at a load of 8 on this 2-core machine
 def test_extrapolation_from_measured_links_or_a_preset(calibrated, tmp_path):
     a = report.extrapolation(str(calibrated), bench_time_col="time_s", kan_sizes=[[2, 8, 1], [64, 256, 256, 1]],
                              bucket_caps_mb=(25.0,), max_world_size=64, at_world_size=16)

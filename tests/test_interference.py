@@ -1,5 +1,7 @@
 """An instrument that knows when the machine was busy: a CPU hog pinned to one of a sweep's CPUs during one run
-flags that run (and only that one), and the sweep runs it again once the machine is quiet. Real processes."""
+flags that run, the sweep keeps its record and runs it again at the end of its round. Real processes. Nothing here
+assumes the machine is otherwise quiet: the machine itself may flag any other run (and its rerun), and the tests
+hold either way."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("no_process_left")
 
 class HogDuring(threading.Thread):
     """Runs a busy loop pinned to ``cpu`` from the first ``begin`` of run ``key`` in the sweep's launch events to
-    its first ``end`` (a rerun of the run later finds the machine quiet)."""
+    its first ``end`` (a rerun of the run later does not meet it)."""
 
     def __init__(self, out_dir: str, study: str, key: str, cpu: int):
         super().__init__(daemon=True)
@@ -57,7 +59,7 @@ class HogDuring(threading.Thread):
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2, reason="needs taskset, 2 CPUs")
-def test_a_cpu_hog_during_one_run_flags_it_and_the_sweep_runs_it_again_clean(tmp_path):
+def test_a_cpu_hog_during_one_run_flags_it_and_the_sweep_runs_it_again_after_its_round(tmp_path):
     # three 2-process runs of ~1.5 s of measured steps each; a busy loop on CPU 1 during the second only
     cfgs = [tiny(tmp_path, seed=s, steps=300, warmup_steps=5) for s in (1, 2, 3)]
     hog = HogDuring(str(tmp_path), cfgs[1].study, cfgs[1].run_key(), cpu=1)
@@ -69,26 +71,33 @@ def test_a_cpu_hog_during_one_run_flags_it_and_the_sweep_runs_it_again_clean(tmp
     assert res.ok and hog.ran_s > 0.5
     recs = {r["run_key"]: r for r in res.records}
     before, hit, after = (recs[c.run_key()] for c in cfgs)
-    # the run the hog overlapped was flagged (a whole CPU of two: ~50%), kept, and run again once the hog was gone
+    # the run the hog overlapped was flagged (a whole CPU of two: ~50%; a busier machine only adds to it), its
+    # record kept, and the run made once more: exactly one earlier attempt, whatever the rerun met
     [first] = hit["earlier_attempts"]
-    hog_share = first["foreign_cpu_frac"]
-    assert "other processes took" in first["disturbed"] and hog_share > 0.3, first
+    assert "other processes took" in first["disturbed"] and first["foreign_cpu_frac"] > 0.3, first
     assert os.path.exists(os.path.join(cfgs[1].run_dir(), records.ATTEMPTS_DIR, f"{first['run_id']}.json"))
-    # Only the hog's run met the hog. The machine itself may flag any run (CI's shared VM took over 10% of the
-    # first run's CPUs; a 2-core VM with a 15% bursty load flagged a run beside the hog's and its rerun too), so
-    # the runs beside it and the hog's rerun are held to a share well below the hog's, not to the 10% bound.
-    beside = [before, after] + [a for r in (before, after) for a in r.get("earlier_attempts") or []]
-    for rec in beside + [hit]:
-        assert rec["foreign_cpu_frac"] < 0.6 * hog_share, (rec, first)
+    # The machine itself may flag any run (CI's shared VM took over 10% of a run's CPUs; a 2-core VM with a 15%
+    # bursty load flagged a run beside the hog's and its rerun too): a run beside the hog's is run again exactly
+    # when its first record was flagged, and at most once.
+    for rec in (before, after):
+        earlier = rec.get("earlier_attempts") or []
+        assert len(earlier) <= 1 and all(a["disturbed"] for a in earlier), rec
     # every run ends with an ok row; the hog's run has its disturbed row, then its rerun's ok row
     rows = [(r["run_key"], r["status"]) for r in manifest_rows(cfgs[0])]
     assert rows[:3] == [(cfgs[0].run_key(), "ok"), (cfgs[1].run_key(), "ok"), (cfgs[2].run_key(), "ok")]
     assert [st for k, st in rows[3:] if k == cfgs[1].run_key()] == ["disturbed", "ok"], rows
+    # at the end of its round: the rerun begins after every run of the round has ended
+    events = sorted((e for path in glob.glob(hog.pattern) for e in records.read_events(path)), key=lambda e: e["at"])
+    begins = [e["at"] for e in events if e["event"] == "begin" and e["run_key"] == cfgs[1].run_key()]
+    assert len(begins) == 2, events
+    first_ends = [min(e["at"] for e in events if e["event"] == "end" and e["run_key"] == c.run_key()) for c in cfgs]
+    assert begins[1] > max(first_ends), events
     # the sweep's counts say what the records say
     assert res.rerun == 1 + sum(1 for r in (before, after) if r.get("earlier_attempts"))
     assert res.disturbed == sum(1 for r in (before, hit, after) if records.disturbance(r))
     if res.rerun > 1 or res.disturbed:
-        print(f"the machine itself disturbed {res.rerun - 1} run(s) besides the hog's; {res.disturbed} still after rerun")
+        print(f"the machine itself disturbed {res.rerun - 1} run(s) besides the hog's; "
+              f"{res.disturbed} still after rerun")
 
 
 def test_interference_of_overlapping_cpu_sets_counts_every_rank_as_its_own():

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from benchmarks import kan_layer
 
 
+@pytest.mark.slow  # compiles the default KAN
 def test_bench_config_rows_record_paths_and_ratios():
     torch._dynamo.reset()
     rows = kan_layer.bench_config((4, 8, 1), 32, 1, torch.device("cpu"), reps=2, warmup=1, budget_s=5.0,

@@ -55,6 +55,7 @@ def test_cuda_requests_are_refused_before_launch(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.smoke  # the one real 2-process run of make test-fast
 def test_two_process_run_writes_a_complete_record(tmp_path):
     from dataclasses import fields
 
@@ -91,16 +92,22 @@ def test_two_process_run_writes_a_complete_record(tmp_path):
 def test_wall_throughput_is_the_elapsed_time_of_the_measured_steps(tmp_path):
     """wall_samples_per_s is what a user gets: samples over the elapsed time of the measured steps (rank 0's
     step-end clock in steps.csv gives it too), not the sum of each step's slowest rank, which adds the
-    ranks' jitter of every step (about 25% on 5 ms steps)."""
+    ranks' jitter of every step (about 25% on 5 ms steps, 350 ms here; more on a busy machine)."""
+    import numpy as np
+
     from kanlib.analysis import load
 
     cfg = tiny(tmp_path, nproc_per_node=2, steps=300, warmup_steps=20)
     rec = run(cfg, echo=False)
     steps = load.load_steps(cfg.run_dir())
     ends = steps.time_unix_s.to_numpy()  # the end of each step on rank 0
-    elapsed = ends[-1] - ends[cfg.warmup_steps - 1]  # from the end of the warm-up to the end of the run
-    from_clock = cfg.global_batch * (cfg.steps - cfg.warmup_steps) / elapsed
-    assert rec["wall_samples_per_s"] == pytest.approx(from_clock, rel=0.05)
+    elapsed = ends[-1] - ends[cfg.warmup_steps - 1]  # from the end of the warm-up to the end of the run (s)
+    span = cfg.global_batch * (cfg.steps - cfg.warmup_steps) / rec["wall_samples_per_s"]  # the record's (s)
+    # The two spans differ by the bookkeeping at their two ends and the ranks' skew there, each about a step at
+    # most: a busy machine stretches those as it stretches the steps, so the slack is 3 of the longest step on
+    # rank 0's clock (at least 5% of the span, the bound of a quiet machine), not a fixed share.
+    longest = float(np.diff(ends[cfg.warmup_steps - 1:]).max())
+    assert abs(span - elapsed) <= max(0.05 * elapsed, 3 * longest), (span, elapsed, longest)
 
 
 @pytest.mark.slow
