@@ -21,7 +21,7 @@
 # over repeats with bootstrap 95% intervals; records that differ in configuration or placement are never
 # pooled) and draws the study's figures, each with a caption saying what to see. The table gives
 # speedup, efficiency and the Karp-Flatt serial fraction per placement (a serial fraction rising with N
-# means overhead that grows with N, such as communication); the printed Amdahl fit extrapolates each group.
+# means overhead that grows with N, such as communication; clipped to [0, 1]).
 # Every figure is also written as a self-contained HTML file under `fig_dir` (opens offline). The explorer
 # at the end needs a live kernel; a static copy of its first view sits below it.
 

@@ -63,7 +63,7 @@ config: dict = {}  # RunConfig fields not swept (kanlib/config.py), over base_co
 base_config: dict = {"widths": [2, 64, 64, 1], "global_batch": 256, "steps": 12, "warmup_steps": 3,
                      "optimizer": "adam", "lr": 0.001,
                      "n_train": 16384}  # under config: tiny, for CI; a parameter set's launch.yaml replaces them all
-bench_config: dict = {"max_bytes": 4194304, "size_factor": 4, "iters": 10}  # BenchConfig fields (kanlib/collbench.py)
+bench_config: dict = {"max_bytes": 67108864, "size_factor": 4, "iters": 10}  # BenchConfig fields (kanlib/collbench.py)
 launcher: str = "local"  # local (torchrun here; NxP with N > 1 runs N torchruns here) | multinode | slurm
 launcher_opts: dict = {}  # slurm site settings, e.g. {"partition": "gpu", "gpus_per_node": 4, "time_limit": "00:30:00"}
 out_dir: str = "../outputs"  # records go to out_dir/<study>/<run_key>/
