@@ -44,7 +44,7 @@ def _config(out_dir: str, steps: int, **changes):
 
 def one_round(out_dir: str, latency_s: float, steps: int, seed: int) -> dict:
     """The three runs of one round, back to back; their timings and the two ratios."""
-    from kanlib import records
+    from kanlib.disturbance import disturbance
     from runners.launch import run
 
     two = dict(nnodes=2, nproc_per_node=1, seed=seed)
@@ -56,7 +56,7 @@ def one_round(out_dir: str, latency_s: float, steps: int, seed: int) -> dict:
     grown = two_emu["comm_total_s"] - two_plain["comm_total_s"]
     return {"injected_s": injected, "grown_s": grown, "growth_over_injected": grown / injected,
             "one_node_over_injected": one_node["comm_total_s"] / injected,
-            "runs": {name: {**{k: r.get(k) for k in _KEPT}, "disturbance": records.disturbance(r)} for name, r in
+            "runs": {name: {**{k: r.get(k) for k in _KEPT}, "disturbance": disturbance(r)} for name, r in
                      (("1x2 emulated", one_node), ("2x1 plain", two_plain), ("2x1 emulated", two_emu))}}
 
 

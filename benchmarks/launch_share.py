@@ -26,11 +26,11 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kanlib import records  # noqa: E402
+from kanlib import manifest, records  # noqa: E402
 
 
 def _jsonl(path: str) -> list[dict]:
-    return records.read_jsonl(path) if os.path.exists(path) else []
+    return manifest.read_jsonl(path) if os.path.exists(path) else []
 
 
 def busy_s(sweeps: list[dict]) -> float:

@@ -1,14 +1,17 @@
-"""A run's data, defined once: the per-step row, the run record, the manifest row, and their writers.
+"""A run's data, defined once: the per-step row, the run record, the benchmark record, and their writers and checks.
 
-Everything a run writes is declared here as a dataclass whose fields carry units in their names and a
-docstring; ``docs/schema.md`` is generated from these classes (:func:`schema_markdown`, checked by a
-test). Runtime only: no pandas (analysis lives in kanlib.analysis and kanlib.studies).
+Everything a run writes into its folder is declared here as a dataclass whose fields carry units in their names
+and a docstring; ``docs/schema.md`` is generated from these classes and the study logs' rows of kanlib.manifest
+(kanlib.schema, checked by a test). Runtime only: no pandas (analysis lives in kanlib.analysis and
+kanlib.studies), and torch only inside :func:`provenance`.
 
 - :class:`StepRow` - one row of ``steps.csv`` per step (rank 0's times; long format).
 - :class:`RunRecord` - ``record.json``: provenance, the flattened config, measurements, fault counters.
-- :class:`ManifestRow` - one line of ``<study>/manifest.jsonl`` per attempt (written by the runner).
 - :class:`BenchRecord` - ``record.json`` of a collective benchmark (kanlib.collbench), one :class:`BenchRow` per
   message size.
+
+The study's logs (manifest, launches, sweeps), the run-folder lock and attempts set aside for a rerun are
+kanlib.manifest's; whether a run was disturbed is kanlib.disturbance's.
 """
 
 from __future__ import annotations
@@ -16,14 +19,11 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime
-import fcntl
 import json
 import math
 import os
 import socket
 import subprocess
-import sys
-import time
 import uuid
 from dataclasses import dataclass, field, fields
 
@@ -44,8 +44,13 @@ class RecordError(ValueError):
     """A record file could not be read or fails validation; the message names the file."""
 
 
-def _doc(text: str, reduce: str | None = None) -> dict:
+def field_doc(text: str, reduce: str | None = None) -> dict:
+    """A record field's metadata: ``doc``, its meaning (docs/schema.md prints it), and ``reduce``, how the record
+    combines the ranks' values of a step (``max``, ``mean``, or None: rank 0's)."""
     return {"doc": text, "reduce": reduce}
+
+
+_doc = field_doc  # the short name this module's fields are written with
 
 
 # -- per step ---------------------------------------------------------------------------------------
@@ -407,166 +412,6 @@ class RunRecord:
         return out
 
 
-# -- interference: when a run's machine was busy ------------------------------------------------------------
-ATTEMPTS_DIR = "attempts"
-DISTURBED_FOREIGN_CPU_FRAC = 0.10
-"""A run is disturbed when other processes took more than this share of its CPUs' time during its measured steps."""
-DISTURBED_RUNQUEUE_WAIT_FRAC = 0.10
-"""... or any rank's training thread waited runnable for a CPU more than this share of the measured window behind
-other processes (``foreign_wait_frac``: at most their CPU time on its CPUs; the rest of a wait is behind its own
-threads)."""
-MIN_INTERFERENCE_CPU_S = 0.2
-"""The per-CPU counters tick every 10 ms: below this much window x CPUs (20 ticks, a share resolved to 5%, half the
-thresholds) their share is too coarse to judge. At 0.5, the default study's shortest 2-process runs (36 steps of
-6 ms: 0.43 CPU-s) went unjudged, and their waits behind gloo's own threads (10-14%, no other process on their CPUs)
-flagged 9 of 45 strong-scaling runs on a quiet machine."""
-
-
-def disturbance(rec: dict) -> str:
-    """Why the run of record ``rec`` counts as disturbed (docs/measurement.md), or '' when it was not (or cannot
-    be told: unknown is not disturbed, and the record says unknown with nulls)."""
-    why = []
-    foreign, wait = rec.get("foreign_cpu_frac"), rec.get("runqueue_wait_frac")
-    window = rec.get("interference_window_s") or 0.0
-    n_cpus = max(1, int(rec.get("world_size") or 1) * int(rec.get("threads") or 1))
-    if _finite(foreign) and foreign > DISTURBED_FOREIGN_CPU_FRAC and window * n_cpus >= MIN_INTERFERENCE_CPU_S:
-        why.append(f"other processes took {foreign:.0%} of its CPUs")
-    # a training thread also waits behind its own process's threads (gloo's, a timed hook's with many small
-    # buckets: 10-18% on a quiet machine): only the part other processes' CPU time can explain counts; where the
-    # per-CPU counters are too coarse to say, the wait alone decides. Records before foreign_wait_frac bound it by
-    # twice foreign_cpu_frac.
-    judged = _finite(foreign) and window * n_cpus >= MIN_INTERFERENCE_CPU_S
-    bound = rec.get("foreign_wait_frac") if _finite(rec.get("foreign_wait_frac")) else (
-        2 * foreign if _finite(foreign) else None)
-    explained = min(wait, bound) if judged and _finite(wait) and bound is not None else wait
-    if _finite(explained) and explained > DISTURBED_RUNQUEUE_WAIT_FRAC:
-        why.append(f"a training thread waited for a CPU {wait:.0%} of the time"
-                   + (f" while other processes took {foreign:.0%} of its CPUs" if _finite(foreign) else ""))
-    if rec.get("cpus_shared"):
-        why.append("a rank found no CPUs of its own free (another kanlib run held them) and shared cores")
-    if rec.get("gpu_other_processes"):
-        why.append(f"{rec['gpu_other_processes']} other process(es) on its GPU")
-    if rec.get("gpu_throttle_reasons"):
-        why.append(f"GPU clocks throttled (NVML reasons {rec['gpu_throttle_reasons']:#x})")
-    return "; ".join(why)
-
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-RERUN_MARK = "rerun-pending"
-"""``<run_dir>/attempts/rerun-pending``: the run id of the record :func:`set_aside` copied for a rerun that has not
-ended yet (no ``.json``: it is not an attempt)."""
-
-
-def needs_rerun(rec: dict) -> str:
-    """Why a sweep runs the run of ``rec`` once more (docs/faults.md, "Disturbed runs"), or '': the record is
-    disturbed (:func:`disturbance`) and a first attempt. A record that is itself a rerun (it names
-    ``earlier_attempts``) is kept, flagged disturbed: a run is run again once."""
-    return "" if rec.get("earlier_attempts") else disturbance(rec)
-
-
-def set_aside(run_dir: str) -> str | None:
-    """Copy a complete attempt's record (and its per-step rows) into ``<run_dir>/attempts/`` before the run runs
-    again, and mark the rerun pending (:data:`RERUN_MARK`); returns the copy's path, or None when there is no valid
-    record. The record stays the run's ``record.json`` until the rerun writes a new one (the rerun removes it when
-    it starts); :func:`restore_set_aside` puts it back when the rerun ends without one. Call under the run's lock."""
-    path = os.path.join(run_dir, RECORD_NAME)
-    try:
-        rec = read_record(path)
-    except RecordError:
-        return None
-    keep = os.path.join(run_dir, ATTEMPTS_DIR)
-    os.makedirs(keep, exist_ok=True)
-    rid = rec.get("run_id") or new_run_id()
-    steps = os.path.join(run_dir, STEPS_NAME)
-    if os.path.exists(steps):
-        _copy_synced(steps, os.path.join(keep, f"{rid}.steps.csv"))
-    dest = os.path.join(keep, f"{rid}.json")
-    _copy_synced(path, dest)
-    _write_synced(os.path.join(keep, RERUN_MARK), rid)  # last: a mark names only a complete copy
-    return dest
-
-
-def restore_set_aside(run_dir: str) -> dict | None:
-    """End a rerun :func:`set_aside` marked pending: when the run has no valid ``record.json`` (the rerun failed,
-    was interrupted, or its sweep was killed), move the set-aside record and rows back, so the earlier complete
-    attempt is the run's record again; returns that record, or None when the rerun's own record stands (or nothing
-    was pending). Call under the run's lock: a rerun in flight has no record yet."""
-    keep = os.path.join(run_dir, ATTEMPTS_DIR)
-    mark = os.path.join(keep, RERUN_MARK)
-    try:
-        with open(mark) as f:
-            rid = f.read().strip()
-    except FileNotFoundError:
-        return None
-    path = os.path.join(run_dir, RECORD_NAME)
-    try:
-        read_record(path)
-        back = None  # the rerun completed: its record names the copy in earlier_attempts
-    except RecordError:
-        steps = os.path.join(keep, f"{rid}.steps.csv")
-        if os.path.exists(steps):
-            os.replace(steps, os.path.join(run_dir, STEPS_NAME))
-        os.replace(os.path.join(keep, f"{rid}.json"), path)  # last: the record marks the run complete
-        _fsync_dir(run_dir)
-        back = read_record(path)
-    os.remove(mark)
-    return back
-
-
-def _copy_synced(src: str, dest: str) -> None:
-    """Copy ``src`` to ``dest`` through a temporary file, synced and renamed (never half a copy)."""
-    with open(src, "rb") as f:
-        _write_synced(dest, f.read())
-
-
-def _write_synced(path: str, data) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(os.path.dirname(path))
-
-
-def _fsync_dir(folder: str) -> None:
-    dfd = os.open(os.path.abspath(folder), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def earlier_attempts(run_dir: str) -> list | None:
-    """Summaries of the attempts :func:`set_aside` kept for this run (oldest first), or None when there are none."""
-    keep = os.path.join(run_dir, ATTEMPTS_DIR)
-    if not os.path.isdir(keep):
-        return None
-    out = []
-    for name in sorted(os.listdir(keep)):
-        if not name.endswith(".json"):
-            continue
-        try:
-            with open(os.path.join(keep, name)) as f:
-                rec = json.load(f)
-        except (OSError, ValueError):
-            continue
-        out.append({"run_id": rec.get("run_id"), "step_time_s": rec.get("step_time_s"),
-                    "foreign_cpu_frac": rec.get("foreign_cpu_frac"), "runqueue_wait_frac": rec.get("runqueue_wait_frac"),
-                    "foreign_wait_frac": rec.get("foreign_wait_frac"), "disturbed": disturbance(rec)})
-    return out or None
-
-
 MEASUREMENT_FIELDS = [f.name for f in fields(RunRecord) if f.name not in ("provenance", "config")]
 
 
@@ -674,178 +519,6 @@ def check_bench_record(rec) -> str | None:
     return None
 
 
-@dataclass
-class ManifestRow:
-    """One attempt of one run, appended to ``<study>/manifest.jsonl`` by the runner."""
-
-    run_key: str = field(metadata=_doc("which run"))
-    study: str = field(default="", metadata=_doc("the run's study"))
-    world_size: int = field(default=1, metadata=_doc("processes in the run"))
-    placement: str = field(default="1x1", metadata=_doc("nodes x processes per node"))
-    launcher: str = field(default="local", metadata=_doc("`local`, `multinode` or `slurm`"))
-    run_dir: str = field(default="", metadata=_doc("the run's folder"))
-    status: str = field(default="failed", metadata=_doc(
-        "`ok`, `failed`, `timeout` (the runner's deadline passed), `preempted` (SIGTERM or an interrupted runner: a "
-        "checkpoint was saved, or the run had not begun) or `disturbed` (not an attempt: the ok attempt of the same "
-        "`launch_id` was disturbed and is run again; its record is copied into `attempts/`; `error` says why)"))
-    exit_code: int | None = field(default=None, metadata=_doc("the launcher's exit code; null for a timeout or a "
-                                                               "config refused before launch"))
-    error: str = field(default="", metadata=_doc("the root cause: the first error line of the failing rank, a signal "
-                                                  "that killed a process, or the deadline"))
-    attempt_at: str = field(default="", metadata=_doc("when the attempt started (UTC, ISO 8601)"))
-    duration_s: float = field(default=0.0, metadata=_doc("how long the attempt took (s)"))
-    pid: int = field(default=0, metadata=_doc("process id of the runner that made the attempt"))
-    launch_id: str = field(default="", metadata=_doc("the launch (worker group) that ran the attempt; empty when "
-                                                     "it was refused before any launch"))
-
-
-@dataclass
-class LaunchRow:
-    """One launch of a worker group (one torchrun, N joined torchruns, or one srun step running a plan of
-    runs; kanlib.worker), appended to ``<study>/launches.jsonl`` by the runner when the launch ends."""
-
-    launch_id: str = field(metadata=_doc("which launch; the folder `<study>/launches/<launch_id>/` holds its plan, "
-                                         "events and logs"))
-    study: str = field(default="", metadata=_doc("the study of its runs"))
-    placement: str = field(default="1x1", metadata=_doc("nodes x processes per node"))
-    launcher: str = field(default="local", metadata=_doc("`local`, `multinode` or `slurm`"))
-    n_planned: int = field(default=0, metadata=_doc("runs handed to the launch"))
-    n_began: int = field(default=0, metadata=_doc("runs it began"))
-    n_ok: int = field(default=0, metadata=_doc("runs it ended ok"))
-    started_at: str = field(default="", metadata=_doc("when it started (UTC, ISO 8601)"))
-    duration_s: float = field(default=0.0, metadata=_doc("from its start to the end of its processes (s): start-up, "
-                                                         "every run, teardown"))
-    exit_code: int | None = field(default=None, metadata=_doc("the launch's exit code; null when the runner ended it "
-                                                              "(deadline, interruption)"))
-    logs: list = field(default_factory=list, metadata=_doc("its log files"))
-    status: str = field(default="ok", metadata=_doc("`ok` (the row is complete)"))
-    n_parts: int = field(default=1, metadata=_doc("parts of its plan it was handed: a group kept open across a "
-                                                  "sweep's rounds gets one per round it served"))
-    waiting_s: float = field(default=0.0, metadata=_doc("of `duration_s`, the time it waited between parts of its "
-                                                        "plan, holding no CPU, while other groups ran (s)"))
-
-
-@dataclass
-class SweepRow:
-    """One sweep (runners.sweep.run_sweep) over a study folder, appended to ``<study>/sweeps.jsonl`` when it ends:
-    how long it took and how many launches it made, against which the records' measured steps are weighed."""
-
-    study: str = field(metadata=_doc("the study of its runs"))
-    started_at: str = field(default="", metadata=_doc("when it started (UTC, ISO 8601)"))
-    duration_s: float = field(default=0.0, metadata=_doc("from its start to its end (s): every launch, its waits, "
-                                                         "the reruns"))
-    n_runs: int = field(default=0, metadata=_doc("runs it was given (after removing duplicates)"))
-    n_ok: int = field(default=0, metadata=_doc("runs that have an ok record at its end"))
-    n_failed: int = field(default=0, metadata=_doc("runs that failed"))
-    n_skipped: int = field(default=0, metadata=_doc("runs already done before it started"))
-    n_launches: int = field(default=0, metadata=_doc("worker-group launches it made"))
-    n_rerun: int = field(default=0, metadata=_doc("runs run again because their first attempt was disturbed"))
-    launcher: str = field(default="local", metadata=_doc("`local`, `multinode` or `slurm`"))
-
-
-MANIFEST_STATUSES = ("ok", "failed", "timeout", "preempted", "disturbed")
-
-
-def manifest_path(out_dir: str, study: str) -> str:
-    """``out_dir/<study>/manifest.jsonl``."""
-    return os.path.join(out_dir, study, MANIFEST_NAME)
-
-
-def append_manifest(path: str, row: ManifestRow | dict) -> None:
-    """Append ``row`` as one JSON line with a single ``O_APPEND`` write.
-
-    Concurrent appenders do not interleave (one ``write`` of a line to a local file in append mode
-    lands whole). When the file ends in a line cut short by a crash, a newline is written first so the
-    new row starts on its own line (the cut line stays unreadable and is skipped when loading).
-    """
-    row = dataclasses.asdict(row) if dataclasses.is_dataclass(row) else dict(row)
-    if row.get("status") not in MANIFEST_STATUSES:
-        raise ValueError(f"status: unknown value {row.get('status')!r}; choose one of {', '.join(MANIFEST_STATUSES)}")
-    append_jsonl(path, row)
-
-
-def append_jsonl(path: str, row) -> None:
-    """Append ``row`` (a dict or dataclass) to ``path`` as one JSON line, as :func:`append_manifest` does."""
-    row = dataclasses.asdict(row) if dataclasses.is_dataclass(row) else dict(row)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    line = json.dumps(row, sort_keys=True, default=_json_default) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        if size:
-            with open(path, "rb") as f:
-                f.seek(size - 1)
-                if f.read(1) != b"\n":
-                    line = "\n" + line
-        _write_all(fd, line.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    n = os.write(fd, data)
-    if n != len(data):  # a full disk: say so rather than leave half a line
-        raise OSError(f"wrote {n} of {len(data)} bytes (disk full?)")
-
-
-def read_events(path: str) -> list[dict]:
-    """The events of a worker group (``events.jsonl``) in order."""
-    return read_jsonl(path)
-
-
-def append_event(path: str, event: dict) -> None:
-    """Append one event of a worker group (``events.jsonl``, kanlib.worker): one ``O_APPEND`` write, synced."""
-    append_jsonl(path, event)
-
-
-def read_jsonl(path: str) -> list[dict]:
-    """The complete JSON-object lines of ``path`` in order (events, launches; a missing file has none; a cut or
-    garbled line is skipped)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in raw.split(b"\n"):
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
-
-
-def read_manifest_rows(path: str) -> tuple[list[dict], list[tuple]]:
-    """Rows of a manifest in the order written, and the unreadable lines as ``(file, line, reason)``."""
-    rows, bad = [], []
-    if os.path.exists(path):
-        with open(path, "rb") as f:
-            for i, raw in enumerate(f.read().split(b"\n"), start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    obj = json.loads(raw)
-                    if not isinstance(obj, dict) or "run_key" not in obj or "status" not in obj:
-                        raise ValueError("not a manifest row (no run_key or status)")
-                except ValueError as e:
-                    bad.append((path, i, getattr(e, "msg", None) or str(e)))
-                    continue
-                rows.append(obj)
-    return rows, bad
-
-
-def row_of_record(rows: list[dict], rec: dict) -> dict | None:
-    """The manifest row of the attempt whose record is ``rec`` (the run's ``record.json``), among ``rows`` in the
-    order written: the last ``ok`` row of its ``run_key`` and ``launch_id`` (docs/faults.md, "The manifest"). The
-    run's other ok rows are attempts set aside (a ``disturbed`` row of the same launch follows) or replaced."""
-    mine = [r for r in rows if r.get("run_key") == rec.get("run_key") and r.get("status") == "ok"
-            and r.get("launch_id", "") == rec.get("launch_id", "")]
-    return mine[-1] if mine else None
-
-
 # -- writing ----------------------------------------------------------------------------------------
 def new_run_id() -> str:
     """A unique id for one attempt of a run."""
@@ -869,7 +542,7 @@ def atomic_write_json(path: str, obj) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=True, default=_json_default)
+            json.dump(obj, f, indent=1, sort_keys=True, default=json_default)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -887,7 +560,9 @@ def atomic_write_json(path: str, obj) -> None:
         os.close(dfd)
 
 
-def _json_default(o):
+def json_default(o):
+    """``o`` as JSON for :func:`json.dump`'s ``default``: numpy scalars as numbers, tuples as lists; TypeError
+    otherwise."""
     import numpy as np
 
     if isinstance(o, np.integer):
@@ -897,74 +572,6 @@ def _json_default(o):
     if isinstance(o, tuple):
         return list(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-# -- the run-folder lock ---------------------------------------------------------------------------
-class RunLock:
-    """``<run_dir>/.lock``: held (``flock``) by the one process that runs the folder's run now.
-
-    The kernel drops the lock when the holding process dies, however it dies. The file says who holds it
-    (pid, host, since) for the message another runner prints while it waits.
-    """
-
-    NAME = ".lock"
-
-    def __init__(self, run_dir: str):
-        self.path = os.path.join(run_dir, self.NAME)
-        self._fd = None
-
-    def holder(self) -> str:
-        try:
-            with open(self.path) as f:
-                info = json.load(f)
-            return f"pid {info['pid']} on {info['host']} since {info['since']}"
-        except (OSError, ValueError, KeyError):
-            return "another process"
-
-    def acquire(self, wait: bool = True, echo=None, poll_s: float = 0.5) -> bool:
-        """Take the lock; while another process holds it, wait (saying once who holds it, on ``echo`` or else
-        stderr, so a sweep that streams nothing still says why it waits) or return False.
-
-        A failure after the lock was taken (writing who holds it on a full disk) releases it again before
-        raising: a process never keeps a lock it does not know it has."""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        said = False
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if not wait:
-                        os.close(fd)
-                        return False
-                    if not said:
-                        (echo or sys.stderr).write(f"kanlib: {os.path.dirname(self.path)} is being run by "
-                                                   f"{self.holder()}; waiting\n")
-                        said = True
-                    time.sleep(poll_s)
-            os.ftruncate(fd, 0)
-            data = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": now_iso()}).encode()
-            if os.pwrite(fd, data, 0) != len(data):
-                raise OSError(f"{self.path}: short write (disk full?)")
-        except BaseException:
-            os.close(fd)  # closing the descriptor drops the flock
-            raise
-        self._fd = fd
-        return True
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing drops the flock
-            self._fd = None
-
-    def __enter__(self):
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
 
 # -- reading and checking ---------------------------------------------------------------------------
@@ -1029,118 +636,3 @@ def read_record(path: str) -> dict:
     if why:
         raise RecordError(f"{path}: {why}")
     return rec
-
-
-# -- the generated schema ---------------------------------------------------------------------------
-def _type_name(f) -> str:
-    t = str(f.type).replace("typing.", "")
-    return t.replace("| None", "or null").replace("list", "list").replace("dict", "object").strip()
-
-
-def _rows(cls, skip=()) -> list[str]:
-    out = []
-    for f in fields(cls):
-        if f.name in skip:
-            continue
-        out.append(f"| `{f.name}` | {_type_name(f)} | {f.metadata.get('doc', '')} |")
-    return out
-
-
-def _doc(cls, first_paragraph: bool = False, join: bool = True) -> str:
-    """A record class's docstring as one markdown paragraph (its first only, or its lines kept, when asked)."""
-    doc = cls.__doc__.strip()
-    doc = doc.split("\n\n")[0] if first_paragraph else doc
-    return (doc.replace("\n    ", " ") if join else doc).replace("``", "`")
-
-
-def _table(cls, head: str = "field", skip: tuple = ()) -> list[str]:
-    """A markdown table of a record class's fields: name, type and meaning."""
-    return [f"| {head} | type | meaning |", "|---|---|---|", *_rows(cls, skip=skip)]
-
-
-def schema_markdown() -> str:
-    """``docs/schema.md``, generated from :class:`Provenance`, :class:`RunRecord`, :class:`StepRow`,
-    :class:`ManifestRow`, :class:`BenchRecord` and :class:`BenchRow` (``python -m kanlib.records >
-    docs/schema.md``; a test keeps them equal)."""
-    lines = [
-        f"# Result records (schema version {SCHEMA_VERSION})",
-        "",
-        "Generated from the dataclasses in `kanlib/records.py` by `python -m kanlib.records > docs/schema.md`;",
-        "a test fails when this file and the code differ. Units are in the field names (`_s` seconds, `_bytes`",
-        "bytes, `_per_s` per second).",
-        "",
-        "Each run writes one folder, `out_dir/<study>/<run_key>/`, with:",
-        "",
-        "| file | written | content |",
-        "|---|---|---|",
-        f"| `{CONFIG_NAME}` | first, by rank 0 | the run's `RunConfig` as JSON |",
-        f"| `{STEPS_NAME}` | one row per step, appended and flushed as it comes (rank 0) | `StepRow`, below |",
-        "| `launch.log` (`launch-node<i>.log`, `slurm-<job>.log`) | by the runner | the launch command and every "
-        "line the run printed |",
-        f"| `{MODEL_NAME}` | at the end (rank 0) | the final `state_dict`, on CPU (`torch.load(..., weights_only=True)`) |",
-        "| `checkpoints/ckpt-<step>.pt`, `checkpoints/latest` | every `checkpoint_every` steps and on SIGTERM | "
-        "resumable state; removed once the record exists ([faults](faults.md)) |",
-        f"| `{PREEMPTED_NAME}` | when SIGTERM stopped the run | step, checkpoint, time, attempt |",
-        f"| `{RECORD_NAME}` | last, atomically (temporary file, fsync, rename) | `RunRecord`, below; its presence "
-        "marks the run complete |",
-        "",
-        f"## `{RECORD_NAME}`",
-        "",
-        _doc(RunRecord),
-        "Every field of `kanlib.config.RunConfig` (see its field docstrings) is there too.",
-        "",
-        *_table(Provenance),
-        *_rows(RunRecord, skip=("provenance", "config")),
-        "",
-        "Derived quantities (speedup, efficiency, Karp-Flatt serial fraction, exposed communication, bootstrap",
-        "intervals) are computed from records by the study modules of `kanlib.studies`, never stored.",
-        "`kanlib.analysis.load` refuses records that fail `kanlib.records.check_record` (unknown schema version,",
-        "NaN or non-positive step time, non-numeric measurements) and names them.",
-        "",
-        f"## `{STEPS_NAME}`",
-        "",
-        _doc(StepRow, first_paragraph=True),
-        "",
-        *_table(StepRow, head="column"),
-        "",
-        f"## `<study>/{MANIFEST_NAME}`",
-        "",
-        _doc(ManifestRow, join=False),
-        "",
-        *_table(ManifestRow),
-        "",
-        f"## `<study>/{LAUNCHES_NAME}`",
-        "",
-        _doc(LaunchRow),
-        "Each launch's folder `<study>/launches/<launch_id>/` holds `plan.json` (the runs handed to it, in order),",
-        "`events.jsonl` (rank 0's `begin` and `end` of each run) and its logs (`launch.log`, `launch-node<i>.log`,",
-        "`srun.log` or `slurm-<job>.log`); each run's part of them is copied into the run's own folder.",
-        "",
-        *_table(LaunchRow),
-        "",
-        f"## `<study>/{SWEEPS_NAME}`",
-        "",
-        _doc(SweepRow),
-        "",
-        *_table(SweepRow),
-        "",
-        f"## `{RECORD_NAME}` of a collective benchmark",
-        "",
-        _doc(BenchRecord),
-        "Every field of `kanlib.collbench.BenchConfig` is there too, and the provenance fields of a training run's",
-        "record. `kanlib.records.check_bench_record` refuses a record whose rows are not finite and in range.",
-        "",
-        *_table(BenchRecord, skip=("provenance", "config")),
-        "",
-        "Each element of `rows`:",
-        "",
-        _doc(BenchRow),
-        "",
-        *_table(BenchRow),
-        "",
-    ]
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(schema_markdown(), end="")

@@ -32,7 +32,7 @@ _PROCESS_START = process_start_time()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from kanlib import checkpoint, distributed, faults, grids, hooks, optim, records  # noqa: E402
+from kanlib import checkpoint, distributed, faults, grids, hooks, manifest, optim, records  # noqa: E402
 from kanlib.config import RunConfig  # noqa: E402
 from kanlib.data import make_dataset  # noqa: E402
 from kanlib.distributed import AsyncFlag, DistInfo  # noqa: E402
@@ -546,7 +546,7 @@ def finish(run: Run) -> RunRecord | None:
         final_train_loss=float(combined["loss"][-1]), final_val_loss=final["val_loss"],
         final_val_accuracy=final["val_accuracy"], chance_accuracy=run.data.chance_accuracy,
         resumed_from_step=run.start_step, attempt=run.attempt, n_skipped_steps=run.n_skipped,
-        n_grid_updates=run.n_grid_updates, earlier_attempts=records.earlier_attempts(run.run_dir),
+        n_grid_updates=run.n_grid_updates, earlier_attempts=manifest.earlier_attempts(run.run_dir),
         **optim.record_fields(run.evals, first, run.model), **interference, **target,
         host_malloc=steady_host_allocator())
     records.atomic_write_json(os.path.join(run.run_dir, records.RECORD_NAME), rec)
@@ -699,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("KANLIB_RUNNER_LOCKS") and os.environ.get("RANK", "0") == "0":
         # Started by hand (a runner holds the lock of every run it launches): one process per run folder, as
         # under a runner; a second start of the same config would append to the first's steps.csv (issue 23)
-        lock = records.RunLock(cfg.run_dir())
+        lock = manifest.RunLock(cfg.run_dir())
         if not lock.acquire(wait=False):
             print(f"kanlib: {cfg.run_dir()} is being run by {lock.holder()}; not starting it twice",
                   file=sys.stderr, flush=True)

@@ -33,7 +33,7 @@ _PROCESS_START = process_start_time()
 
 import torch  # noqa: E402
 
-from kanlib import distributed, faults, records  # noqa: E402
+from kanlib import distributed, faults, manifest, records  # noqa: E402
 from kanlib.config import GROUP_FIELDS, ConfigError, RunConfig, group_key  # noqa: E402
 
 PLAN_NAME = "plan.json"
@@ -134,14 +134,14 @@ def read_plan(path: str) -> tuple[str, list]:
 
 def event(path: str, **fields) -> None:
     """Append one event line (rank 0) and make it durable: the runner polls this file."""
-    records.append_event(path, {"at": time.time(), **fields})
+    manifest.append_event(path, {"at": time.time(), **fields})
 
 
 def finished_runs(path: str, chunk: int = 0) -> set[str]:
     """Run keys the events file says ended in part ``chunk`` of the plan (a torchrun restart of the same launch
     skips them)."""
     done = set()
-    for e in records.read_events(path):
+    for e in manifest.read_events(path):
         if e.get("event") == "end" and int(e.get("chunk", 0)) == chunk:
             done.add(e.get("run_key"))
     return done

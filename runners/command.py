@@ -191,7 +191,7 @@ def launch_env(cfg: Config, launcher: str = "local", base: dict | None = None) -
     # Restarts under gloo fail to reconnect when workers share torchrun's rendezvous store
     # ("Gloo connectFullMesh failed"); a separate store per attempt works (docs/faults.md).
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    # The runner holds each run folder's lock while the launch runs it (runners.supervisor.RunLock); a run
+    # The runner holds each run folder's lock while the launch runs it (kanlib.manifest.RunLock); a run
     # started by hand takes it itself (kanlib.train.main).
     env["KANLIB_RUNNER_LOCKS"] = "1"
     # How long torchrun waits for workers to checkpoint after SIGTERM before it kills them.

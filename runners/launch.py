@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from kanlib import records
+from kanlib import manifest, records
 from kanlib.config import ConfigError
 from runners.command import check_environment, check_timeout, launch_env, torchrun_command  # noqa: F401  (re-exported)
 from runners.group import new_plan
@@ -83,7 +83,7 @@ def run(cfg, *, launcher: str = "local", launcher_opts: dict | None = None, time
 
 def refused(cfg, launcher: str, error: str) -> None:
     """Record a config refused before any launch as a failed attempt of its run."""
-    records.append_manifest(records.manifest_path(cfg.out_dir, cfg.study), records.ManifestRow(
+    manifest.append_manifest(manifest.manifest_path(cfg.out_dir, cfg.study), manifest.ManifestRow(
         run_key=cfg.run_key(), study=cfg.study, world_size=cfg.world_size, placement=cfg.placement,
         launcher=launcher, run_dir=cfg.run_dir(), status="failed", error=error, attempt_at=records.now_iso(),
         duration_s=0.0, pid=os.getpid()))

@@ -11,7 +11,7 @@ once for all of them:
 - interruption (Ctrl-C, SIGTERM to a sweep): the job is cancelled gracefully and the attempt recorded;
 - the outcome: ``ok`` only with a *fresh* valid record (a new ``run_id``); ``preempted`` when the run
   checkpointed on SIGTERM; ``timeout``; else ``failed`` with the root-cause error from the log;
-- exactly one manifest row per attempt (kanlib.records.ManifestRow).
+- exactly one manifest row per attempt (kanlib.manifest.ManifestRow).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from kanlib import records
+from kanlib import manifest, records
 
 LOG_TAIL_LINES = 200
 DEADLINE_MARK = "kanlib: run deadline"  # the line the supervisor writes into the logs when it ends a run
@@ -80,10 +80,6 @@ class Job:
     def log_prefix(self, index: int) -> str:
         """What to put before each echoed line of log ``index``."""
         return ""
-
-
-# -- the run-folder lock: kanlib.records.RunLock (a run started by hand, python -m kanlib.train, takes it too)
-RunLock = records.RunLock
 
 
 # -- following logs -------------------------------------------------------------------------------
@@ -230,7 +226,7 @@ def supervise(cfg, job: Job, *, timeout_s: float | None = None, echo=None, retri
     the run was completed by that other process meanwhile, returns its record without running it again.
     Appends one manifest row per attempt. ``retries``: relaunch at once when ``job.retry`` says so (same row).
     """
-    lock = RunLock(cfg.run_dir())
+    lock = manifest.RunLock(cfg.run_dir())
     before = read_record(cfg)
     if not lock.acquire(wait=lock_wait, echo=echo or None):
         raise RunFailed(f"run {cfg.run_key()} is being run by {lock.holder()}", run_dir=cfg.run_dir(),
@@ -298,7 +294,7 @@ class Launch:
         path = getattr(self.job, "events_path", lambda: None)()
         if not path:
             return
-        evs = records.read_events(path)
+        evs = manifest.read_events(path)
         for e in evs[self.n_events:]:
             key = e.get("run_key")
             if key not in self.by_key:
@@ -513,7 +509,7 @@ class Launch:
         self.ended[key] = out
         since = self.began.get(key, self.last_end)
         self.last_end = time.monotonic()
-        records.append_manifest(records.manifest_path(cfg.out_dir, cfg.study), records.ManifestRow(
+        manifest.append_manifest(manifest.manifest_path(cfg.out_dir, cfg.study), manifest.ManifestRow(
             run_key=key, study=cfg.study, world_size=cfg.world_size, placement=cfg.placement,
             launcher=self.job.launcher, run_dir=cfg.run_dir(), status=status,
             exit_code=0 if status == "ok" else (None if status == "timeout" else code), error=out.error if status != "ok" else "", attempt_at=records.now_iso(),
@@ -572,14 +568,14 @@ class Launch:
                 f.write(part if part.endswith("\n") else part + "\n")
 
     def _log_launch(self, code) -> None:
-        """One line per launch in ``<study>/launches.jsonl`` (kanlib.records.LaunchRow)."""
+        """One line per launch in ``<study>/launches.jsonl`` (kanlib.manifest.LaunchRow)."""
         if not self.launch_id:
             return
         cfg = self.configs[0]
         path = os.path.join(cfg.out_dir, cfg.study, records.LAUNCHES_NAME)
         parts = self.done_chunks + [(len(self.configs), len(self.began),
                                      sum(o.status == "ok" for o in self.ended.values()))]
-        records.append_jsonl(path, records.LaunchRow(
+        manifest.append_jsonl(path, manifest.LaunchRow(
             launch_id=self.launch_id, study=cfg.study, placement=cfg.placement, launcher=self.job.launcher,
             n_planned=sum(p[0] for p in parts), n_began=sum(p[1] for p in parts), n_ok=sum(p[2] for p in parts),
             started_at=records.iso(self.started_wall),

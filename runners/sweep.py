@@ -11,7 +11,7 @@ and gets no new manifest row); any other run is launched, and resumes from its l
 when it has one. A failing run is recorded in the study's manifest and the sweep carries on; the failures are
 reported at the end. Killing the sweep and starting it again completes only what is missing (a run in flight
 when the sweep dies gets SIGTERM and checkpoints). Two sweeps over the same folder never run one run twice:
-a sweep locks each run it is about to launch (runners.supervisor.RunLock); a run another process holds is
+a sweep locks each run it is about to launch (kanlib.manifest.RunLock); a run another process holds is
 left to the end, then waited for (saying who holds it) and skipped if that process completed it.
 
 On SLURM (``launcher="slurm"``): inside an allocation (``salloc``, a batch script) each worker group is a
@@ -30,12 +30,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from kanlib import records
+from kanlib import disturbance, manifest, records
 from kanlib.config import ConfigError, group_key
+from kanlib.manifest import RunLock
 from runners.command import check_environment, check_timeout
 from runners.group import groups_of, launch_dir, run_group
 from runners.launch import effective_launcher, make_job, read_record, refused
-from runners.supervisor import RunLock
 
 # Columns a launch notebook shows for the runs of a sweep.
 SUMMARY_COLUMNS = ["study", "model", "widths", "world_size", "nnodes", "nproc_per_node", "global_batch", "repeat",
@@ -82,7 +82,7 @@ def run_sweep(configs: list, *, launcher: str = "local", launcher_opts: dict | N
     groups, carry on past failures, and report them at the end. ``stream_output`` echoes the runs' output to
     stdout. ``timeout_s`` is each run's deadline (a launch's first run counts its start-up); ``max_restarts`` is
     passed to torchrun. ``rerun_disturbed``: a run whose record (this sweep's, or one an earlier sweep left) says its
-    machine was busy during its measured steps and is a first attempt (:func:`kanlib.records.needs_rerun`) is run
+    machine was busy during its measured steps and is a first attempt (:func:`kanlib.disturbance.needs_rerun`) is run
     once more at the end of its round; its first record is copied into ``<run_dir>/attempts/`` and named by the new
     one (``earlier_attempts``), and stays the run's record when the rerun ends without one. An ``OSError`` (a full
     disk) stops the sweep with :class:`SweepStopped`, its ``sweeps.jsonl`` row written where possible. SIGTERM to
@@ -209,13 +209,13 @@ class _Sweep:
     def _put_back(self, cfg) -> dict | None:
         """A run without a record whose rerun was left pending (its sweep was killed during it) gets its set-aside
         record back, unless another process holds the run (its rerun may be in flight); that record, or None."""
-        if not os.path.exists(os.path.join(cfg.run_dir(), records.ATTEMPTS_DIR, records.RERUN_MARK)):
+        if not os.path.exists(os.path.join(cfg.run_dir(), manifest.ATTEMPTS_DIR, manifest.RERUN_MARK)):
             return None
         lock = RunLock(cfg.run_dir())
         if not lock.acquire(wait=False):
             return None
         try:
-            records.restore_set_aside(cfg.run_dir())
+            manifest.restore_set_aside(cfg.run_dir())
             return read_record(cfg)
         finally:
             lock.release()
@@ -233,7 +233,7 @@ class _Sweep:
                 self.deferred.append(cfg)
                 continue
             # completed by another sweep between our look and our lock (or its rerun was killed with it: put back)
-            done = read_record(cfg) or records.restore_set_aside(cfg.run_dir())
+            done = read_record(cfg) or manifest.restore_set_aside(cfg.run_dir())
             if done is not None and cfg.run_key() not in self.failures:
                 lock.release()
                 self.records[cfg.run_key()] = done
@@ -268,29 +268,29 @@ class _Sweep:
 
     def rerun_disturbed(self, configs: list) -> None:
         """Run once more, at the end of their round, the runs of ``configs`` whose record needs it
-        (:func:`kanlib.records.needs_rerun`: disturbed, a first attempt), each at most once per sweep. The decision is
-        taken under the run's lock on the record as it is on disk then (another sweep may have run it again
-        meanwhile); a run another process holds is judged when it lets go (:meth:`run_deferred`). The record is
-        copied into ``attempts/`` and stays the run's record until the rerun writes a new one."""
+        (:func:`kanlib.disturbance.needs_rerun`: disturbed, a first attempt), each at most once per sweep. The
+        decision is taken under the run's lock on the record as it is on disk then (another sweep may have run it
+        again meanwhile); a run another process holds is judged when it lets go (:meth:`run_deferred`). The record
+        is copied into ``attempts/`` and stays the run's record until the rerun writes a new one."""
         again = []
         for cfg in configs:
             key = cfg.run_key()
-            if key not in self.records or key in self.rerun or not records.needs_rerun(self.records[key]):
+            if key not in self.records or key in self.rerun or not disturbance.needs_rerun(self.records[key]):
                 continue
             lock = RunLock(cfg.run_dir())
             if not lock.acquire(wait=False):
                 self.deferred.append(cfg)
                 continue
             rec = read_record(cfg)  # now, under the lock
-            why = records.needs_rerun(rec) if rec is not None else ""
+            why = disturbance.needs_rerun(rec) if rec is not None else ""
             if not why:
                 lock.release()
                 if rec is not None:
                     self.records[key] = rec
                 continue
-            records.set_aside(cfg.run_dir())
+            manifest.set_aside(cfg.run_dir())
             if not self._has_disturbed_row(cfg, rec):  # one disturbed row per attempt (a failed rerun restored it)
-                records.append_manifest(records.manifest_path(cfg.out_dir, cfg.study), records.ManifestRow(
+                manifest.append_manifest(manifest.manifest_path(cfg.out_dir, cfg.study), manifest.ManifestRow(
                     run_key=key, study=cfg.study, world_size=cfg.world_size, placement=cfg.placement,
                     launcher=rec.get("launcher", ""), run_dir=cfg.run_dir(), status="disturbed", error=why,
                     attempt_at=records.now_iso(), pid=os.getpid(), launch_id=rec.get("launch_id", "")))
@@ -311,13 +311,13 @@ class _Sweep:
 
     @staticmethod
     def _has_disturbed_row(cfg, rec: dict) -> bool:
-        rows, _ = records.read_manifest_rows(records.manifest_path(cfg.out_dir, cfg.study))
+        rows, _ = manifest.read_manifest_rows(manifest.manifest_path(cfg.out_dir, cfg.study))
         return any(r.get("run_key") == cfg.run_key() and r.get("status") == "disturbed"
                    and r.get("launch_id", "") == rec.get("launch_id", "") for r in rows)
 
     def _settle_rerun(self, run_dir: str) -> None:
         """The rerun of a set-aside record ended (or will not run): when it left no record, put the earlier back."""
-        back = records.restore_set_aside(run_dir)
+        back = manifest.restore_set_aside(run_dir)
         if back is not None:
             self.records[back.get("run_key", "")] = back
 
@@ -374,7 +374,7 @@ class _Sweep:
             seen.add(key)
             if key in self.records:
                 res.records.append(self.records[key])
-                res.disturbed += bool(records.disturbance(self.records[key]))
+                res.disturbed += bool(disturbance.disturbance(self.records[key]))
             elif key in self.failures:
                 res.failures.append((cfg, self.failures[key]))
         return res
@@ -382,7 +382,7 @@ class _Sweep:
 
 def _log_sweep(configs: list, result: SweepResult, sweep: _Sweep, launcher: str, started_at: str,
                duration_s: float) -> None:
-    """One line per sweep and study folder in ``<study>/sweeps.jsonl`` (kanlib.records.SweepRow)."""
+    """One line per sweep and study folder in ``<study>/sweeps.jsonl`` (kanlib.manifest.SweepRow)."""
     by: dict = {}
     for c in _unique(configs):
         by.setdefault((c.out_dir, c.study), []).append(c.run_key())
@@ -390,7 +390,7 @@ def _log_sweep(configs: list, result: SweepResult, sweep: _Sweep, launcher: str,
     failed = {c.run_key() for c, _ in result.failures}
     for (out_dir, study), keys in by.items():
         with contextlib.suppress(OSError):
-            records.append_jsonl(os.path.join(out_dir, study, records.SWEEPS_NAME), records.SweepRow(
+            manifest.append_jsonl(os.path.join(out_dir, study, records.SWEEPS_NAME), manifest.SweepRow(
                 study=study, started_at=started_at, duration_s=round(duration_s, 3), n_runs=len(keys),
                 n_ok=sum(k in ok for k in keys), n_failed=sum(k in failed for k in keys),
                 n_skipped=result.skipped if len(by) == 1 else 0, n_launches=sweep.launches if len(by) == 1 else 0,
@@ -451,7 +451,8 @@ def run_sweep_in_allocation(configs: list, *, launcher_opts: dict | None = None,
     todo = []
     for cfg in configs:
         done = read_record(cfg) if skip_done else None
-        if done is not None and not (rerun_disturbed and records.needs_rerun(done)):  # else: the allocation reruns it
+        # a disturbed first attempt is not done: the allocation reruns it
+        if done is not None and not (rerun_disturbed and disturbance.needs_rerun(done)):
             result.records.append(done)
             result.skipped += 1
         else:
@@ -483,10 +484,10 @@ def _collect_allocation(configs: list, before: dict, job, result: "SweepResult")
     """The sweep's result from what the allocation left: fresh records, else the run's last manifest row."""
     for cfg in configs:
         rec, old = read_record(cfg), before.get(cfg.run_key())
-        if rec is not None and (old is None or rec.get("run_id") != old.get("run_id") or records.needs_rerun(old)):
+        if rec is not None and (old is None or rec.get("run_id") != old.get("run_id") or disturbance.needs_rerun(old)):
             result.records.append(rec)  # fresh, or the disturbed record whose rerun failed (it stays the run's)
             continue
-        rows, _ = records.read_manifest_rows(records.manifest_path(cfg.out_dir, cfg.study))
+        rows, _ = manifest.read_manifest_rows(manifest.manifest_path(cfg.out_dir, cfg.study))
         mine = [r for r in rows if r.get("run_key") == cfg.run_key()]
         if mine and mine[-1].get("status") != "ok":
             result.failures.append((cfg, f"{mine[-1]['status']}: {mine[-1].get('error', '')}"))

@@ -10,7 +10,7 @@ import tempfile
 
 import torch
 
-from kanlib import records
+from kanlib import manifest
 from kanlib.analysis import load
 from kanlib.config import RunConfig
 
@@ -26,7 +26,7 @@ def tiny(out_dir, **changes) -> RunConfig:
 
 
 def manifest_rows(cfg: RunConfig) -> list[dict]:
-    return load.load_manifest(records.manifest_path(cfg.out_dir, cfg.study)).to_dict("records")
+    return load.load_manifest(manifest.manifest_path(cfg.out_dir, cfg.study)).to_dict("records")
 
 
 def final_params(cfg: RunConfig) -> dict:

@@ -293,7 +293,7 @@ def model_colours(fig):
 
 def disturbed(recs, foreign=0.85):
     """The runs ``recs`` as disturbed ones: other processes took ``foreign`` of their CPUs over a long enough window
-    (kanlib.records.disturbance), each with a run id of its own."""
+    (kanlib.disturbance.disturbance), each with a run id of its own."""
     return [dict(r, foreign_cpu_frac=foreign, interference_window_s=4.0, run_id=f"hog-{uuid.uuid4().hex}")
             for r in recs]
 

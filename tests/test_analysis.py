@@ -140,7 +140,7 @@ def test_analysis_code_leaves_run_keys_alone_and_runtime_code_changes_them(tmp_p
 
 
 def test_disturbed_runs_are_left_out_by_default_named_and_kept_apart_on_request(tmp_path):
-    """Issue 27.2: a run whose machine was busy (kanlib.records.disturbance) leaves every analysis by default, and
+    """Issue 27.2: a run whose machine was busy (kanlib.disturbance.disturbance) leaves every analysis by default, and
     the selection says how many and which; disturbed='keep' keeps it as a group of its own, never pooled."""
     from kanlib.analysis.context import Context
 
@@ -269,11 +269,11 @@ def test_a_run_whose_rerun_was_killed_keeps_its_set_aside_record_in_the_analysis
     # a sweep SIGKILLed while it reran a disturbed run: the rerun's start removed record.json and no sweep has put
     # the set-aside copy back yet; the run's only complete record must still be read (once), and once the rerun's
     # own record stands, the copy is an earlier attempt and is not read
-    from kanlib import records
+    from kanlib import manifest
 
     write_records(tmp_path, [rec(world_size=1, run_id=f"r{r}", step_time_s=0.01, repeat=r, global_batch=64) for r in range(2)])
     run_dir = os.path.join(tmp_path, "strong_scaling", "run0")
-    assert records.set_aside(run_dir)
+    assert manifest.set_aside(run_dir)
     os.remove(os.path.join(run_dir, "record.json"))  # what the rerun's start does
     found = load.find_record_files(str(tmp_path))
     assert os.path.join(run_dir, "attempts", "r0.json") in found and len(found) == 2

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kanlib import records
+from kanlib.disturbance import disturbance
 from kanlib.analysis import load
 from kanlib.config import ConfigError
 from kanlib.faults import parse
@@ -346,7 +347,7 @@ def test_a_run_that_finds_every_cpu_held_says_so_and_is_recorded_disturbed(tmp_p
         for fd in held:
             os.close(fd)
     assert rec["cpus_shared"] is True
-    assert "shared cores" in records.disturbance(rec)
+    assert "shared cores" in disturbance(rec)
     log = open(os.path.join(tiny(tmp_path, steps=8).run_dir(), "launch.log")).read()
     assert "free CPU(s)" in log and "sharing cores" in log
 

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from kanlib import records
+from kanlib import manifest
+from kanlib.disturbance import disturbance
 from kanlib.metrics import InterferenceProbe, combine_interference
 from runhelp import manifest_rows, tiny
 from runners.sweep import run_sweep
@@ -37,7 +38,7 @@ class HogDuring(threading.Thread):
 
     def _seen(self, what: str) -> bool:
         return any(e.get("run_key") == self.key and e.get("event") == what
-                   for path in glob.glob(self.pattern) for e in records.read_events(path))
+                   for path in glob.glob(self.pattern) for e in manifest.read_events(path))
 
     def run(self) -> None:
         while not self._seen("begin") and not self.done.is_set():
@@ -75,7 +76,7 @@ def test_a_cpu_hog_during_one_run_flags_it_and_the_sweep_runs_it_again_after_its
     # record kept, and the run made once more: exactly one earlier attempt, whatever the rerun met
     [first] = hit["earlier_attempts"]
     assert "other processes took" in first["disturbed"] and first["foreign_cpu_frac"] > 0.3, first
-    assert os.path.exists(os.path.join(cfgs[1].run_dir(), records.ATTEMPTS_DIR, f"{first['run_id']}.json"))
+    assert os.path.exists(os.path.join(cfgs[1].run_dir(), manifest.ATTEMPTS_DIR, f"{first['run_id']}.json"))
     # The machine itself may flag any run (CI's shared VM took over 10% of a run's CPUs; a 2-core VM with a 15%
     # bursty load flagged a run beside the hog's and its rerun too): a run beside the hog's is run again exactly
     # when its first record was flagged, and at most once.
@@ -87,14 +88,15 @@ def test_a_cpu_hog_during_one_run_flags_it_and_the_sweep_runs_it_again_after_its
     assert rows[:3] == [(cfgs[0].run_key(), "ok"), (cfgs[1].run_key(), "ok"), (cfgs[2].run_key(), "ok")]
     assert [st for k, st in rows[3:] if k == cfgs[1].run_key()] == ["disturbed", "ok"], rows
     # at the end of its round: the rerun begins after every run of the round has ended
-    events = sorted((e for path in glob.glob(hog.pattern) for e in records.read_events(path)), key=lambda e: e["at"])
+    events = sorted((e for path in glob.glob(hog.pattern) for e in manifest.read_events(path)),
+                    key=lambda e: e["at"])
     begins = [e["at"] for e in events if e["event"] == "begin" and e["run_key"] == cfgs[1].run_key()]
     assert len(begins) == 2, events
     first_ends = [min(e["at"] for e in events if e["event"] == "end" and e["run_key"] == c.run_key()) for c in cfgs]
     assert begins[1] > max(first_ends), events
     # the sweep's counts say what the records say
     assert res.rerun == 1 + sum(1 for r in (before, after) if r.get("earlier_attempts"))
-    assert res.disturbed == sum(1 for r in (before, hit, after) if records.disturbance(r))
+    assert res.disturbed == sum(1 for r in (before, hit, after) if disturbance(r))
     if res.rerun > 1 or res.disturbed:
         print(f"the machine itself disturbed {res.rerun - 1} run(s) besides the hog's; "
               f"{res.disturbed} still after rerun")
@@ -128,19 +130,19 @@ def test_a_wait_counts_only_as_far_as_other_processes_ran_on_the_ranks_cpu():
     quiet = combine_interference([a, b])
     assert quiet["foreign_wait_frac"] == pytest.approx(0.06) and quiet["runqueue_wait_frac"] == pytest.approx(0.15)
     rec = {**quiet, "world_size": 2, "threads": 1}
-    assert records.disturbance(rec) == ""
+    assert disturbance(rec) == ""
     # the old bound (twice foreign_cpu_frac, records without the field) flagged it
-    assert "waited for a CPU 15%" in records.disturbance({**rec, "foreign_wait_frac": None})
+    assert "waited for a CPU 15%" in disturbance({**rec, "foreign_wait_frac": None})
     # a busy loop on CPU 1 takes half of it, and rank 1 waits for it
     hog = combine_interference([a, {**b, "own_cpu_s": 0.5, "main_wait_s": 0.45}])
     assert hog["foreign_wait_frac"] == pytest.approx(0.45) and hog["foreign_cpu_frac"] == pytest.approx(0.5)
-    assert "other processes took 50%" in records.disturbance({**hog, "world_size": 2, "threads": 1})
+    assert "other processes took 50%" in disturbance({**hog, "world_size": 2, "threads": 1})
     # unpinned ranks on two CPUs: the other processes' 0.12 CPU-s may all have been on the CPU one waited for
     u = {**host, "cpus": [0, 1], "busy_s": {0: 1.0, 1: 1.0}}
     shared = combine_interference([{**u, "own_cpu_s": 0.94, "main_wait_s": 0.15},
                                    {**u, "own_cpu_s": 0.94, "main_wait_s": 0.05}])
     assert shared["foreign_cpu_frac"] == pytest.approx(0.06) and shared["foreign_wait_frac"] == pytest.approx(0.12)
-    assert "waited for a CPU 15%" in records.disturbance({**shared, "world_size": 2, "threads": 1})
+    assert "waited for a CPU 15%" in disturbance({**shared, "world_size": 2, "threads": 1})
 
 
 def test_a_busy_loop_on_this_process_cpus_shows_as_foreign_time():

@@ -1,11 +1,14 @@
-"""The code's shape (issue 21): no import circle among kanlib's and runners' modules, lazy imports included, and no
-function over 90 lines in either."""
+"""The code's shape (issue 21): no import circle among kanlib's and runners' modules, lazy imports included, no
+function over 90 lines in either, and (issue 35) no module over 700 lines."""
 
 import ast
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 90
+MAX_MODULE_LINES = 700
+OVER_MODULE_LINES = {"kanlib.fast_kan", "kanlib.data", "kanlib.model", "kanlib.train"}
+"""Modules still over MAX_MODULE_LINES when the rule came in (issue 35), each to be split and taken off this list."""
 
 
 def _modules() -> dict[str, str]:
@@ -98,3 +101,13 @@ def test_no_function_over_90_lines():
                 if n > MAX_LINES:
                     long.append(f"{name}.{node.name}: {n} lines")
     assert long == []
+
+
+def test_no_module_over_700_lines():
+    """A module longer than a reading sitting mixes parts with different reasons to change (issue 35): split it where
+    they part. The known exceptions leave the list once they are split, so the list cannot go stale."""
+    sizes = {name: sum(1 for _ in open(path)) for name, path in _modules().items()}
+    assert "kanlib.records" in sizes and "runners.sweep" in sizes
+    over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert sorted(set(over) - OVER_MODULE_LINES) == [], f"over {MAX_MODULE_LINES} lines: {over}"
+    assert sorted(OVER_MODULE_LINES - set(over)) == [], "no longer over the limit: take them off OVER_MODULE_LINES"

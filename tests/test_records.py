@@ -6,20 +6,21 @@ import os
 import pytest
 
 from conftest import fill_disk
-from kanlib import records
+from kanlib import manifest, records, schema
+from kanlib.disturbance import disturbance
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "schema.md")
 
 
 def test_schema_doc_is_generated_from_the_dataclasses():
     with open(DOCS) as f:
-        assert f.read() == records.schema_markdown(), "regenerate: python -m kanlib.records > docs/schema.md"
+        assert f.read() == schema.schema_markdown(), "regenerate: python -m kanlib.schema > docs/schema.md"
 
 
 def test_every_field_is_documented():
     from dataclasses import fields
 
-    for cls in (records.StepRow, records.Provenance, records.RunRecord, records.ManifestRow):
+    for cls in (records.StepRow, records.Provenance, records.RunRecord, manifest.ManifestRow):
         for f in fields(cls):
             if f.name in ("provenance", "config"):
                 continue
@@ -77,9 +78,9 @@ def test_a_full_disk_loses_nothing_already_written(full_disk):
 
     run_dir = full_disk / "run"
     run_dir.mkdir()
-    record, manifest = str(run_dir / "record.json"), str(full_disk / "manifest.jsonl")
+    record, manifest_file = str(run_dir / "record.json"), str(full_disk / "manifest.jsonl")
     records.atomic_write_json(record, {"step_time_s": 0.5})
-    records.append_manifest(manifest, {"run_key": "a", "status": "ok"})
+    manifest.append_manifest(manifest_file, {"run_key": "a", "status": "ok"})
     checkpoint.save(str(run_dir), {"model": {"w": torch.zeros(4)}, "optimizer": {}, "rng": []}, 5)
     fill_disk(full_disk)
     with pytest.raises(OSError):
@@ -87,11 +88,11 @@ def test_a_full_disk_loses_nothing_already_written(full_disk):
     with pytest.raises(OSError):
         checkpoint.save(str(run_dir), {"model": {"w": torch.zeros(100_000)}, "optimizer": {}, "rng": []}, 10)
     with pytest.raises(OSError):
-        records.append_manifest(manifest, {"run_key": "b", "status": "failed", "error": "x" * 100_000})
+        manifest.append_manifest(manifest_file, {"run_key": "b", "status": "failed", "error": "x" * 100_000})
     left = [os.path.join(d, f) for d, _, fs in os.walk(full_disk) for f in fs if ".tmp" in f]
     assert left == []
     assert json.load(open(record)) == {"step_time_s": 0.5}
-    rows, _ = records.read_manifest_rows(manifest)
+    rows, _ = manifest.read_manifest_rows(manifest_file)
     assert [(r["run_key"], r["status"]) for r in rows] == [("a", "ok")]
     assert checkpoint.load_latest(str(run_dir))["step"] == 5
 
@@ -127,13 +128,12 @@ def test_waits_behind_a_runs_own_threads_are_not_interference():
     wait with other processes busy on its CPUs is; and where the per-CPU counters are too coarse (a short window)
     or unknown, the wait alone decides."""
     base = {"world_size": 2, "threads": 1, "interference_window_s": 1.7}
-    assert records.disturbance({**base, "foreign_cpu_frac": 0.02, "runqueue_wait_frac": 0.17}) == ""
-    assert "waited" in records.disturbance({**base, "foreign_cpu_frac": 0.08, "runqueue_wait_frac": 0.17})
-    assert "other processes took 30%" in records.disturbance({**base, "foreign_cpu_frac": 0.3,
-                                                              "runqueue_wait_frac": 0.3})
-    assert "waited" in records.disturbance({**base, "foreign_cpu_frac": None, "runqueue_wait_frac": 0.17})
+    assert disturbance({**base, "foreign_cpu_frac": 0.02, "runqueue_wait_frac": 0.17}) == ""
+    assert "waited" in disturbance({**base, "foreign_cpu_frac": 0.08, "runqueue_wait_frac": 0.17})
+    assert "other processes took 30%" in disturbance({**base, "foreign_cpu_frac": 0.3, "runqueue_wait_frac": 0.3})
+    assert "waited" in disturbance({**base, "foreign_cpu_frac": None, "runqueue_wait_frac": 0.17})
     short = {**base, "interference_window_s": 0.05}  # 0.1 CPU-s: 10 ticks of the per-CPU counters
-    assert "waited" in records.disturbance({**short, "foreign_cpu_frac": 0.0, "runqueue_wait_frac": 0.17})
+    assert "waited" in disturbance({**short, "foreign_cpu_frac": 0.0, "runqueue_wait_frac": 0.17})
     # the default study's shortest 2-process runs (36 steps of 6 ms), quiet: judged by the counters, not flagged
-    assert records.disturbance({**base, "interference_window_s": 0.22, "foreign_cpu_frac": 0.0,
-                                "runqueue_wait_frac": 0.12}) == ""
+    assert disturbance({**base, "interference_window_s": 0.22, "foreign_cpu_frac": 0.0,
+                        "runqueue_wait_frac": 0.12}) == ""

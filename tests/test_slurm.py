@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from kanlib import records
+from kanlib import manifest, records
 from kanlib.config import ConfigError, RunConfig
 from runners.launch import RunFailed, launch_env, read_record, run
 from runners.slurm import head_address, run_slurm, sbatch_script, srun_command
@@ -348,7 +348,7 @@ def test_a_sweep_is_one_allocation_whose_steps_are_the_worker_groups(slurm_clust
     assert res.ok and len(res.records) == 6, res.failures
     assert len({r["slurm_job_id"] for r in res.records}) == 1  # one batch job
     assert {r["slurm_nodelist"] for r in res.records} == {"n[1-2]"}
-    launches = records.read_jsonl(os.path.join(str(tmp_path), "slurm", records.LAUNCHES_NAME))
+    launches = manifest.read_jsonl(os.path.join(str(tmp_path), "slurm", records.LAUNCHES_NAME))
     assert sorted(row["placement"] for row in launches) == ["1x1", "2x1"]
     assert all(row["launcher"] == "slurm" and row["n_ok"] == 3 for row in launches)
     for row in launches:  # each worker group was a job step: srun's own log beside its plan

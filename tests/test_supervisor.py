@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from kanlib import records
+from kanlib import manifest, records
 from kanlib.config import RunConfig
-from runners.supervisor import Job, RunFailed, RunLock, error_line, supervise
+from kanlib.manifest import RunLock
+from runners.supervisor import Job, RunFailed, error_line, supervise
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,7 +63,7 @@ class FakeJob(Job):
 
 
 def rows(cfg):
-    r, bad = records.read_manifest_rows(records.manifest_path(cfg.out_dir, cfg.study))
+    r, bad = manifest.read_manifest_rows(manifest.manifest_path(cfg.out_dir, cfg.study))
     assert not bad
     return r
 
@@ -152,7 +153,7 @@ def test_run_lock_is_exclusive_and_dies_with_its_owner(tmp_path):
     assert b.acquire(wait=False)
     b.release()
     # a process holding the lock is SIGKILLed: the lock is free at once, no stale lock
-    code = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from runners.supervisor import RunLock; "
+    code = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from kanlib.manifest import RunLock; "
             f"RunLock({cfg.run_dir()!r}).acquire(); print('held', flush=True); time.sleep(600)")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -178,7 +179,7 @@ def test_a_lock_taken_on_a_full_disk_is_released_and_a_waiting_sweep_says_who_ho
     os.remove(full_disk / "filler")
     again = RunLock(str(run_dir))
     assert again.acquire(wait=False)  # the failed attempt holds nothing
-    code = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from runners.supervisor import RunLock; "
+    code = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from kanlib.manifest import RunLock; "
             f"RunLock({str(run_dir)!r}).acquire(); print('held', flush=True); time.sleep(1.5)")
     again.release()
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -195,7 +196,7 @@ def test_a_lock_taken_on_a_full_disk_is_released_and_a_waiting_sweep_says_who_ho
 def test_a_waiting_runner_skips_what_the_holder_completed(tmp_path):
     cfg = cfg_for(tmp_path)
     os.makedirs(cfg.run_dir())
-    code = (f"import sys, time, json, os; sys.path.insert(0, {ROOT!r}); from runners.supervisor import RunLock; "
+    code = (f"import sys, time, json, os; sys.path.insert(0, {ROOT!r}); from kanlib.manifest import RunLock; "
             f"from kanlib import records; l = RunLock({cfg.run_dir()!r}); l.acquire(); print('held', flush=True); "
             f"time.sleep(1.0); records.atomic_write_json(os.path.join({cfg.run_dir()!r}, 'record.json'), "
             f"dict(schema_version=2, run_id='other', step_time_s=0.01, world_size=2, global_batch=64, status='ok'))")

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kanlib import records
+from kanlib import disturbance, manifest, records
 from kanlib.analysis import load
 from runhelp import manifest_rows, processes_mentioning, tiny
 from runners.sweep import run_sweep
@@ -103,19 +103,19 @@ def test_killed_sweep_resumes_only_what_is_missing(tmp_path, sig):
 @pytest.mark.slow
 def test_manifest_tolerates_truncated_line_and_concurrent_appends(tmp_path):
     path = str(tmp_path / "manifest.jsonl")
-    records.append_manifest(path, {"run_key": "a", "status": "ok"})
+    manifest.append_manifest(path, {"run_key": "a", "status": "ok"})
     with open(path, "a") as f:
         f.write('{"run_key": "b", "stat')  # a writer died mid-line
-    records.append_manifest(path, {"run_key": "c", "status": "failed", "error": "x"})
+    manifest.append_manifest(path, {"run_key": "c", "status": "failed", "error": "x"})
     with pytest.warns(UserWarning, match="line 2"):
         df, bad = load.read_manifest(path)
     assert df.run_key.tolist() == ["a", "c"] and bad[0][:2] == (path, 2)
     with pytest.raises(ValueError, match="status: unknown value 'done'"):
-        records.append_manifest(path, {"run_key": "d", "status": "done"})
+        manifest.append_manifest(path, {"run_key": "d", "status": "done"})
 
     # Many processes appending at once: every line arrives whole.
-    code = ("import sys; sys.path.insert(0, %r); from kanlib import records\n"
-            "for i in range(50): records.append_manifest(%r, {'run_key': f'p{sys.argv[1]}-{i}', 'status': 'ok', "
+    code = ("import sys; sys.path.insert(0, %r); from kanlib import manifest\n"
+            "for i in range(50): manifest.append_manifest(%r, {'run_key': f'p{sys.argv[1]}-{i}', 'status': 'ok', "
             "'error': 'x' * 3000})") % (ROOT, path)
     procs = [subprocess.Popen([sys.executable, "-c", code, str(n)]) for n in range(4)]
     assert all(p.wait(timeout=60) == 0 for p in procs)
@@ -359,7 +359,7 @@ def flag_first_attempts(monkeypatch, cfgs) -> None:
     """Make the first complete attempt of each of ``cfgs`` count as disturbed, whatever the machine did, and every
     rerun (a record naming ``earlier_attempts``) quiet: the sweep's handling is tested here, not the counters."""
     keys = {c.run_key() for c in cfgs}
-    monkeypatch.setattr(records, "disturbance", lambda rec: "flagged by the test" if rec.get("run_key") in keys
+    monkeypatch.setattr(disturbance, "disturbance", lambda rec: "flagged by the test" if rec.get("run_key") in keys
                         and not rec.get("earlier_attempts") else "")
 
 
@@ -373,13 +373,13 @@ def test_a_rerun_killed_at_its_start_keeps_the_disturbed_record_as_the_runs_reco
     started; a rerun that failed (its worker SIGKILLed at its first step) left the run with no record at all."""
     cfg = tiny(tmp_path, nproc_per_node=1, steps=10)
     flag_first_attempts(monkeypatch, [cfg])
-    aside = records.set_aside
+    aside = manifest.set_aside
 
     def set_aside_then_arm_a_kill(run_dir):  # the rerun's fresh launch inherits the fault; the first attempt did not
         monkeypatch.setenv("KANLIB_FAULT", f"kill@0:0#{cfg.run_key()[-10:]}")
         return aside(run_dir)
 
-    monkeypatch.setattr(records, "set_aside", set_aside_then_arm_a_kill)
+    monkeypatch.setattr(manifest, "set_aside", set_aside_then_arm_a_kill)
     res = run_sweep([cfg], progress=False, timeout_s=120, keep_groups=False)
     assert res.ok and res.rerun == 1 and res.disturbed == 1, res
     [(failed_cfg, why)] = res.rerun_failures
@@ -390,27 +390,27 @@ def test_a_rerun_killed_at_its_start_keeps_the_disturbed_record_as_the_runs_reco
     on_disk = records.read_record(os.path.join(cfg.run_dir(), records.RECORD_NAME))
     assert on_disk["run_id"] == rec["run_id"] and not on_disk.get("earlier_attempts")
     assert load.load_steps(cfg.run_dir()).step.tolist() == list(range(10))
-    assert not os.path.exists(os.path.join(cfg.run_dir(), records.ATTEMPTS_DIR, records.RERUN_MARK))
+    assert not os.path.exists(os.path.join(cfg.run_dir(), manifest.ATTEMPTS_DIR, manifest.RERUN_MARK))
     # the analysis finds it (and leaves it out as disturbed only by its policy)
     assert load.load_records(str(tmp_path), disturbed="keep").run_id.tolist() == [rec["run_id"]]
     # which row is the run's: its last ok row of the record's launch, here the first attempt's
     rows = manifest_rows(cfg)
-    assert records.row_of_record(rows, on_disk) is rows[0] or records.row_of_record(rows, on_disk) == rows[0]
+    assert manifest.row_of_record(rows, on_disk) is rows[0] or manifest.row_of_record(rows, on_disk) == rows[0]
 
 
 KILLED_AFTER_SET_ASIDE = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
-    from kanlib import records
+    from kanlib import disturbance, manifest
     from runhelp import tiny
     from runners.sweep import run_sweep
     cfg = tiny({out!r}, nproc_per_node=1, steps=10)
-    records.disturbance = lambda rec: "flagged by the test" if not rec.get("earlier_attempts") else ""
-    aside = records.set_aside
+    disturbance.disturbance = lambda rec: "flagged by the test" if not rec.get("earlier_attempts") else ""
+    aside = manifest.set_aside
     def set_aside_then_die(run_dir):
         aside(run_dir)
         os.kill(os.getpid(), signal.SIGKILL)  # the sweep dies between the set-aside and the rerun
-    records.set_aside = set_aside_then_die
+    manifest.set_aside = set_aside_then_die
     run_sweep([cfg], progress=False, timeout_s=120)
 """)
 
@@ -432,7 +432,7 @@ def test_a_sweep_killed_between_set_aside_and_rerun_loses_nothing_and_the_next_r
     [rec] = res.records
     assert [a["run_id"] for a in rec["earlier_attempts"]] == [first["run_id"]]
     assert rows_of(cfg) == ["ok", "disturbed", "ok"]
-    assert not os.path.exists(os.path.join(cfg.run_dir(), records.ATTEMPTS_DIR, records.RERUN_MARK))
+    assert not os.path.exists(os.path.join(cfg.run_dir(), manifest.ATTEMPTS_DIR, manifest.RERUN_MARK))
     again = run_sweep([cfg], progress=False, timeout_s=120)  # a rerun is not run again
     assert again.skipped == 1 and again.rerun == 0 and again.launches == 0
     assert rows_of(cfg) == ["ok", "disturbed", "ok"]
@@ -454,7 +454,7 @@ def test_a_resumed_sweep_reruns_a_disturbed_record_an_earlier_sweep_left_once(tm
     # which row is the run's: the last ok row (the rerun's launch), not the set-aside attempt's
     rows = manifest_rows(cfgs[0])
     mine = [r for r in rows if r["run_key"] == cfgs[0].run_key()]
-    assert records.row_of_record(rows, rec)["launch_id"] == mine[-1]["launch_id"] != mine[0]["launch_id"]
+    assert manifest.row_of_record(rows, rec)["launch_id"] == mine[-1]["launch_id"] != mine[0]["launch_id"]
     assert run_sweep(cfgs, progress=False, timeout_s=120).rerun == 0  # once
     assert rows_of(cfgs[0]) == ["ok", "disturbed", "ok"]
 
@@ -477,7 +477,7 @@ def test_a_sweep_holding_a_stale_disturbed_record_leaves_another_sweeps_fresh_re
     script = OTHER_SWEEP.format(root=ROOT, tests=os.path.join(ROOT, "tests"), out=str(tmp_path))
     seen: dict = {}
 
-    def disturbance(rec):
+    def flagged(rec):
         # B's own first record is disturbed; the first time B judges it, another sweep runs the point again
         seen.setdefault("first", rec.get("run_id"))
         if rec.get("run_id") != seen["first"]:
@@ -487,13 +487,13 @@ def test_a_sweep_holding_a_stale_disturbed_record_leaves_another_sweeps_fresh_re
                                            timeout=300).stdout
         return "flagged by the test"
 
-    monkeypatch.setattr(records, "disturbance", disturbance)
+    monkeypatch.setattr(disturbance, "disturbance", flagged)
     res = run_sweep([cfg], progress=False, timeout_s=120)
     on_disk = records.read_record(os.path.join(cfg.run_dir(), records.RECORD_NAME))
     assert f"RESULT {on_disk['run_id']}" in seen["other"] and on_disk["run_id"] != seen["first"], seen
     assert res.ok and res.rerun == 0 and [r["run_id"] for r in res.records] == [on_disk["run_id"]], res
     assert rows_of(cfg) == ["ok", "ok"]  # no disturbed row for the other sweep's attempt, no third run
-    assert not os.path.isdir(os.path.join(cfg.run_dir(), records.ATTEMPTS_DIR))
+    assert not os.path.isdir(os.path.join(cfg.run_dir(), manifest.ATTEMPTS_DIR))
 
 
 def test_a_full_disk_when_writing_a_plan_stops_the_sweep_with_a_message_and_its_row(tmp_path, monkeypatch):
@@ -512,10 +512,10 @@ def test_a_full_disk_when_writing_a_plan_stops_the_sweep_with_a_message_and_its_
                                            r"\.json'; 0 of 2 runs have a record, 0 failed, the others did not run\. "
                                            r"Nothing written before was lost"):
         run_sweep(cfgs, progress=False, timeout_s=120)
-    [row] = records.read_jsonl(os.path.join(str(tmp_path), cfgs[0].study, records.SWEEPS_NAME))
+    [row] = manifest.read_jsonl(os.path.join(str(tmp_path), cfgs[0].study, records.SWEEPS_NAME))
     assert row["n_runs"] == 2 and row["n_ok"] == 0 and row["n_failed"] == 0 and row["n_launches"] == 0
     for cfg in cfgs:  # no lock left held: a rerun takes them at once
-        lock = records.RunLock(cfg.run_dir())
+        lock = manifest.RunLock(cfg.run_dir())
         assert lock.acquire(wait=False)
         lock.release()
 

@@ -11,14 +11,14 @@ import torch
 
 from kanlib import records
 from runhelp import final_params, manifest_rows, tiny
-from kanlib.records import read_jsonl
+from kanlib.manifest import read_jsonl
 from runners.sweep import run_sweep
 
 pytestmark = [pytest.mark.usefixtures("no_process_left"), pytest.mark.slow]
 
 
 def launches(cfg) -> list[dict]:
-    return records.read_jsonl(os.path.join(cfg.out_dir, cfg.study, records.LAUNCHES_NAME))
+    return read_jsonl(os.path.join(cfg.out_dir, cfg.study, records.LAUNCHES_NAME))
 
 
 def losses(cfg) -> list[str]:

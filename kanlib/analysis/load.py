@@ -11,7 +11,7 @@ kanlib.records. Derived quantities are computed by the study modules (kanlib.stu
   newest code version (:func:`newest_code`: this checkout's own code where the records have it, never a version
   that only finished last) and names what it left out (:attr:`Selection.left_out`); ``code="all"`` keeps every
   version as a group of its own.
-- **Disturbed runs.** A run whose machine was busy during its measured steps (:func:`kanlib.records.disturbance`
+- **Disturbed runs.** A run whose machine was busy during its measured steps (:func:`kanlib.disturbance.disturbance`
   non-empty: other processes took its CPUs, a rank waited for a CPU, another process on its GPU) is left out by
   default and named (:attr:`Selection.disturbed`, :attr:`Selection.disturbed_note`); ``disturbed="keep"`` keeps it,
   marked (column ``disturbed``, a group field: the tables show disturbed runs apart, never pooled with clean ones).
@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from kanlib.records import (ATTEMPTS_DIR, BENCH_KIND, RERUN_MARK, disturbance, MANIFEST_NAME, RECORD_NAME, STEP_COLUMNS,
-                            STEPS_NAME, RecordError,
-                            check_bench_record, check_record, read_manifest_rows, read_steps_rows)
+from kanlib.disturbance import disturbance
+from kanlib.manifest import ATTEMPTS_DIR, RERUN_MARK, read_manifest_rows
+from kanlib.records import (BENCH_KIND, MANIFEST_NAME, RECORD_NAME, STEP_COLUMNS, STEPS_NAME, RecordError,
+                            check_bench_record, check_record, read_steps_rows)
 
 
 class NoRecordsError(FileNotFoundError):
@@ -288,7 +289,7 @@ def check_disturbed_policy(disturbed: str) -> None:
 
 
 def mark_disturbed(df: pd.DataFrame) -> pd.DataFrame:
-    """A copy of ``df`` (one row per run) with ``disturbed_why`` (:func:`kanlib.records.disturbance` of the row,
+    """A copy of ``df`` (one row per run) with ``disturbed_why`` (:func:`kanlib.disturbance.disturbance` of the row,
     '' when quiet or unknown) and ``disturbed`` (bool) filled where missing."""
     df = df.copy()
     if "disturbed_why" not in df:
