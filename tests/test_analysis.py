@@ -12,7 +12,7 @@ import pytest
 
 from synthetic import rec, strong_records, write_records
 
-from kanlib import guidelines
+from kanlib import front, guidelines
 from kanlib.analysis import load, stats
 from kanlib.studies import strong_scaling
 
@@ -181,8 +181,7 @@ def test_first_run_of_a_launch_against_its_later_runs():
     for r in recs:
         r["runs_before_in_launch"] = 0  # every run in a launch of its own: nothing to compare
     assert context_mod.first_run_effect(pd.DataFrame(recs))["n"] == 0
-    from kanlib import report
-    assert "not checked" in report.first_run_sentence(context_mod.first_run_effect(pd.DataFrame(recs)))
+    assert "not checked" in front.first_run_sentence(context_mod.first_run_effect(pd.DataFrame(recs)))
 
 
 @pytest.mark.parametrize("field, a, b", [("torch_version", "2.13.0+cpu", "2.14.0+cpu"),

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from test_notebooks import executed_analysis, kernel_imports_this_checkout  # noqa: E402,F401
 
-from kanlib import guidelines, report  # noqa: E402
+from kanlib import front, guidelines, report  # noqa: E402
 from runners import notebook  # noqa: E402
 
 pytestmark = pytest.mark.browser
@@ -96,11 +96,11 @@ def test_front_page_has_one_verdict_row_per_published_claim_in_chromium(browser,
                else r.abort())
     page.goto("file://" + os.path.abspath(path), wait_until="load")
     rows = page.locator("#verdicts tr.verdict")
-    assert rows.count() == len(report.published_claims())
+    assert rows.count() == len(front.published_claims())
     claims = [rows.nth(i).locator("td").nth(0).inner_text() for i in range(rows.count())]
-    assert claims == [c.title for c in report.published_claims()]
+    assert claims == [c.title for c in front.published_claims()]
     verdicts = [rows.nth(i).locator("td").nth(2).inner_text() for i in range(rows.count())]
-    assert all(v in report.VERDICTS for v in verdicts)
+    assert all(v in front.VERDICTS for v in verdicts)
     assert page.locator("#own-findings tr").count() >= 2 and page.locator("#machine").is_visible()
     assert page.locator("#verdicts").bounding_box()["y"] < 1000  # on the first screen
     shots = os.environ.get("KANLIB_SCREENSHOTS")

@@ -68,7 +68,7 @@ def test_guidelines_extrapolate_with_the_calibrated_model(calibrated):
                                "2x1: predicted largest world size with efficiency >= 0.8"}
     assert all("calibrated model; intra 30 us, 1 GB/s; inter 100 us, 0.2 GB/s" in v for v in rows
                if "emulated" not in v)
-    pr = communication.calibrated_prediction(
+    pr = cm.calibrated_prediction(
         *[d[(d["placement"] == "1x2") & (d["comm_hook"] == h)] for d in [_records(calibrated)] for h in ("timed", "noop")],
         cm.fit_collbench(cm_bench(calibrated)), 0.8)
     assert pr["prediction"]["efficiency"].iloc[0] == pytest.approx(1.0) and pr["n_buckets"] == 3

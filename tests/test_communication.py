@@ -8,7 +8,7 @@ import pytest
 from synthetic import comm_records, opt_recs, options_records, rec, twin_records, write_records
 
 from kanlib import guidelines
-from kanlib.analysis import load, stats
+from kanlib.analysis import load, stats, twins
 from kanlib.studies import communication
 
 
@@ -154,7 +154,7 @@ def test_kan_exposing_what_its_matched_mlp_does_confirms_the_attribution(tmp_pat
     the sentence and the finding show both models per placement with the bytes."""
     a, v = _attribution(tmp_path, twin_records())
     assert v["verdict"] == "confirmed"
-    assert v["why"].startswith(communication.DECIDES)
+    assert v["why"].startswith(twins.DECIDES)
     assert "decides: communication at equal gradient bytes, KAN vs MLP (any hardware)" in v["why"]
     assert "not decided here: algorithm choice and inter-node latency (needs real nodes)" in v["why"]
     assert "1x2 (25 MiB, 171,520 vs 172,204 B, 5 rounds)" in v["number"] and "2x1 (25 MiB" in v["number"]
@@ -179,7 +179,7 @@ def test_kan_exposing_clearly_more_than_its_matched_mlp_contradicts_it(tmp_path)
     recs = twin_records(placements=("1x2",)) + twin_records(kan=(0.008, 0.004, 0.004), placements=("2x1",))
     _, v = _attribution(tmp_path / "more", recs)
     assert v["verdict"] == "contradicted" and "at 2x1 (25 MiB) the KAN exposes more" in v["why"]
-    assert v["why"].startswith(communication.DECIDES)
+    assert v["why"].startswith(twins.DECIDES)
     # the hook time larger (waiting for the KAN's longer backward), the exposed part the same: undecided
     _, v = _attribution(tmp_path / "hook", twin_records(kan=(0.008, 0.002, 0.006)))
     assert v["verdict"] == "untested" and "undecided: 1x2 total, 2x1 total" in v["why"]
@@ -189,7 +189,7 @@ def test_kan_exposing_clearly_more_than_its_matched_mlp_contradicts_it(tmp_path)
 def test_attribution_without_mlp_twins_is_untested(tmp_path):
     _, v = _attribution(tmp_path / "none", comm_records("1x2") + comm_records("2x1"))
     assert v == {"verdict": "untested", "number": "no matched-parameter MLP beside the KAN",
-                 "why": communication.DECIDES + "; it needs the KAN's MLP twins (03_communication_overhead's "
+                 "why": twins.DECIDES + "; it needs the KAN's MLP twins (03_communication_overhead's "
                                                 "mlp_bucket_caps_mb)"}
     # two shared rounds: too few for a paired decision
     _, v = _attribution(tmp_path / "two", twin_records(drift=(1.0, 1.2)))

@@ -12,7 +12,7 @@ import pytest
 from synthetic import (ddp_records, options_records, rec, strong_records, write_bench, write_records, write_steps,
                        links, INJECTED)
 
-from kanlib import guidelines, report, studies
+from kanlib import front, guidelines, report, studies
 from kanlib.analysis import fmt, load, presets, style
 from kanlib.analysis.context import Goals
 
@@ -150,7 +150,7 @@ def test_strong_scaling_prints_one_serial_fraction_never_above_1(tmp_path):
 def test_speed_ratios_say_slower_or_faster(full_study_dir):
     """'step 1.32x' meant slower; 'step 0.88x' meant faster."""
     every = report.analyses(str(full_study_dir), bench_time_col="time_s")
-    found = " ".join(f["ours"] for f in report.findings(every))
+    found = " ".join(f["ours"] for f in front.findings(every))
     g = guidelines.from_out_dir(str(full_study_dir))
     words = " ".join([found] + every["communication"].lines + g.sentences + g.table["answer"].astype(str).tolist()
                      + [h for t in every["communication"].figures["options"].data for h in (t.hovertext or ())])

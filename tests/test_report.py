@@ -11,7 +11,7 @@ import pytest
 from synthetic import (is_key, line_traces_have_two_points, model_colours, strong_records, traces_of, weak_records,
                        without_scripts, write_records)
 
-from kanlib import guidelines, report, studies
+from kanlib import front, guidelines, report, studies
 from kanlib.analysis import explorer, load, style
 
 
@@ -139,7 +139,7 @@ def test_report_captions_every_figure_and_table(full_study_dir):
 
 
 def test_report_findings_cover_the_new_studies(full_study_dir):
-    found = {f["topic"]: f for f in report.findings(report.analyses(str(full_study_dir), bench_time_col="time_s"))}
+    found = {f["topic"]: f for f in front.findings(report.analyses(str(full_study_dir), bench_time_col="time_s"))}
     assert found["Time to the target validation loss"]["ours"].startswith(
         "strong (B=256) at 2x1: time-to-target speedup 1.60x [")
     assert "weak (64/process, lr_rule none) at 1x2: statistical efficiency 67%" in \
@@ -281,17 +281,17 @@ def test_front_page_gives_a_verdict_per_published_claim_and_describes_the_machin
                                         interference_window_s=5.0, repeat=7)])
     g = guidelines.from_out_dir(str(full_study_dir))
     all_a = report.analyses(str(full_study_dir), ctx=g.context)
-    vs = report.verdicts(all_a, g, str(full_study_dir), g.context)
-    assert [v["claim"] for v in vs] == [c.title for c in report.published_claims()]
-    assert all(v["verdict"] in report.VERDICTS for v in vs)
+    vs = front.verdicts(all_a, g, str(full_study_dir), g.context)
+    assert [v["claim"] for v in vs] == [c.title for c in front.published_claims()]
+    assert all(v["verdict"] in front.VERDICTS for v in vs)
     by = {v["claim"]: v for v in vs}
     # CPU processes, N <= 4, 2x1 is two launches on one host: the 8-GPU claim is not comparable here
     assert by["Strong scaling"]["verdict"] == "not comparable here" and "CPU" in by["Strong scaling"]["why"]
     assert "resident set" in by["Model-size scaling"]["why"]  # params per byte on CPU is an artefact
     body = open(report.build_report(str(full_study_dir), guidelines=g)).read()
-    front = body[body.index("id='front'"):body.index("id='stability'")]
-    assert "id='verdicts'" in front and "id='own-findings'" in front and "loopback" in front
-    assert "1 run(s) disturbed (left out; named under Stability)" in front
+    first = body[body.index("id='front'"):body.index("id='stability'")]
+    assert "id='verdicts'" in first and "id='own-findings'" in first and "loopback" in first
+    assert "1 run(s) disturbed (left out; named under Stability)" in first
     assert "Step time against model size" in body and "time scales unfavourably" in body
     stab = body[body.index("id='stability'"):body.index("id='findings'")]
     assert "disturbed run(s) left out" in stab and "too few repeats" in stab
@@ -388,19 +388,19 @@ def test_a_study_modules_claim_reaches_the_front_page_through_the_registry(full_
     extra = claims.Claim("A test claim", "the paper's test number", judge, "weak_scaling")
     monkeypatch.setattr(weak_scaling, "CLAIMS", weak_scaling.CLAIMS + (extra,))
     g = guidelines.from_out_dir(str(full_study_dir))
-    vs = report.verdicts(report.analyses(str(full_study_dir), ctx=g.context), g, str(full_study_dir), g.context)
+    vs = front.verdicts(report.analyses(str(full_study_dir), ctx=g.context), g, str(full_study_dir), g.context)
     titles = [v["claim"] for v in vs]
     assert titles.index("A test claim") == titles.index("Weak scaling") + 1  # in run order
     by = {v["claim"]: v for v in vs}
     assert by["A test claim"] == {"claim": "A test claim", "published": "the paper's test number",
                                   "study": "weak_scaling", "verdict": "confirmed", "number": "42 steps",
                                   "why": "a test claim", "test_with": claims.CLUSTER_RUN}
-    assert seen == [("weak_scaling", claims.not_here(report.machine(report.analyses(
-        str(full_study_dir), ctx=g.context), str(full_study_dir), report._disturbed(g.context), g.context)))]
+    assert seen == [("weak_scaling", claims.not_here(front.machine(report.analyses(
+        str(full_study_dir), ctx=g.context), str(full_study_dir), front.disturbed_runs(g.context), g.context)))]
     # the paper's numbers stand once (presets.PUBLISHED): the claim texts are made from them
     from kanlib.analysis import presets
     from kanlib.studies import communication, strong_scaling
 
     assert f"{presets.PUBLISHED['speedup']}x" in strong_scaling.PUBLISHED and "74.7%" in strong_scaling.PUBLISHED
     assert communication.PUBLISHED_RANGE == "1.3%-6.1%"
-    assert "weak_scaling" in report.published_modules() and "published" not in report.published_modules()
+    assert "weak_scaling" in front.published_modules() and "published" not in front.published_modules()

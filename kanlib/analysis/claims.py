@@ -3,7 +3,7 @@
 
 The paper's numbers stand once, in :data:`kanlib.analysis.presets.PUBLISHED`; a claim's text and its verdict rule
 (``judge``) stand in the study module that measures it. The report's front page is a loop over the registry's
-claims (:func:`kanlib.report.verdicts`).
+claims (:func:`kanlib.front.verdicts`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ CLUSTER_RUN = (f"at least {PAPER_GPUS} GPUs over at least 2 nodes: make study PA
 class Claim:
     """One published claim. ``judge(a, machine, other, guidelines, ctx) -> {"verdict", "number", "why"}``: ``a``
     the study's :class:`kanlib.analysis.section.StudyAnalysis` (with records), ``machine`` the facts of
-    :func:`kanlib.report.machine`, ``other`` why this machine differs from the paper's ('' when it does not),
+    :func:`kanlib.front.machine`, ``other`` why this machine differs from the paper's ('' when it does not),
     ``guidelines`` the folder's :class:`kanlib.guidelines.Guidelines` (or None), ``ctx`` its context."""
 
     title: str

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kanlib.analysis import claims, commmodel, fmt, groups, stats, style
+from kanlib.analysis import claims, commmodel, fmt, groups, stats, style, twins
 from kanlib.analysis.context import Context, Goals, disturbed_why, unanswered
 from kanlib.analysis.explorer import View
 from kanlib.analysis.section import StudyAnalysis
@@ -40,15 +40,6 @@ OPTION_FIELDS = {"comm_hook": "timed", "grad_accum_steps": 1, "gradient_as_bucke
 """The data-parallel options of the study and their plain-DDP values."""
 PLAIN_BUCKET_MB = 25.0
 """DDP's default bucket cap: the plain point a bucket-size option is compared with."""
-TWIN_MODEL = "mlp"
-"""The model of the matched-parameter twins (runners.plans.communication's ``mlp_bucket_caps_mb``): a control run
-beside the KAN at equal gradient bytes, not a subject of the overhead claim, the figure or the guidelines."""
-PAIR_FIELDS = ("placement", "bucket_cap_mb", "nccl_algo", "comm_hook", "emulate_latency_s",
-               "emulate_bandwidth_bytes_per_s")
-"""What a KAN point and its MLP twin share besides every group field but the model and its widths."""
-DECIDES = ("decides: communication at equal gradient bytes, KAN vs MLP (any hardware); not decided here: algorithm "
-           "choice and inter-node latency (needs real nodes)")
-"""What the hardware-independent attribution verdict decides, and what it leaves to a cluster."""
 
 
 def design(df: pd.DataFrame) -> groups.Design:
@@ -66,10 +57,10 @@ def _with_twins(d: groups.Design, df: pd.DataFrame) -> groups.Design:
 
 def subject_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The rows of ``df`` (records or a table) of the study's subject: every model but the matched-parameter MLP
-    twins (:data:`TWIN_MODEL`); all rows when the frame holds no other model."""
+    twins (:data:`kanlib.analysis.twins.TWIN_MODEL`); all rows when the frame holds no other model."""
     if "model" not in df or not len(df):
         return df
-    keep = df["model"] != TWIN_MODEL
+    keep = df["model"] != twins.TWIN_MODEL
     return df[keep] if keep.any() else df
 
 
@@ -154,7 +145,7 @@ def _point(key: dict, t: pd.DataFrame, z: pd.DataFrame, n_boot: int, seed: int) 
     med = lambda g: np.median(g["step_time_s"].to_numpy(float))  # noqa: E731
     noop_r = dict(stats.by_round(z, med))
     rounds = tuple((r, v - noop_r[r]) for r, v in stats.by_round(t, med) if r in noop_r)
-    total_rounds = stats.by_round(t, lambda g: _median_finite(groups.numbers(g, "comm_total_s")))
+    total_rounds = stats.by_round(t, lambda g: twins.median_finite(groups.numbers(g, "comm_total_s")))
     sent = [sum(b) for b in t.get("bucket_bytes", pd.Series(dtype=object)) if isinstance(b, (list, tuple)) and b]
     return {"world_size": n, "placement": groups.placement_of(key["nnodes"], key["nproc_per_node"]),
             "inter_node": int(key["nnodes"]) > 1, "n_runs": int(min(len(t), len(z))),
@@ -166,13 +157,6 @@ def _point(key: dict, t: pd.DataFrame, z: pd.DataFrame, n_boot: int, seed: int) 
             "exposed_rounds": rounds, "comm_total_rounds": total_rounds,
             "n_params": float(np.median(groups.numbers(t, "n_params"))) if "n_params" in t else np.nan,
             "grad_bytes": float(np.median(sent)) if sent else np.nan}
-
-
-def _median_finite(v) -> float:
-    """The median of the finite values of ``v``; NaN when none."""
-    v = np.asarray(v, float)
-    v = v[np.isfinite(v)]
-    return float(np.median(v)) if v.size else float("nan")
 
 
 def plain_ddp(t: Table) -> Table:
@@ -209,9 +193,11 @@ def option_label(opts: dict, bucket_cap_mb: float, powersgd_rank: int | None = N
 
 
 # -- KAN against its matched-parameter MLP -------------------------------------------------------------
+
+
 def gradient_structure(t: Table, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> pd.DataFrame:
     """Per point (placement, bucket size, NCCL algorithm, emulated link; plain DDP, timed hook) measured with the
-    KAN and its matched-parameter MLP twin (:data:`TWIN_MODEL`, the same global batch and every other group field):
+    KAN and its matched-parameter MLP twin (:data:`kanlib.analysis.twins.TWIN_MODEL`, the same global batch and every other group field):
     the two models' exposed communication (``exposed_rounds``) and hook time per step (``comm_total_rounds``),
     compared round by round (:func:`kanlib.analysis.stats.paired_difference`, KAN minus MLP), beside the two models'
     parameters and gradient bytes all-reduced per step.
@@ -221,112 +207,15 @@ def gradient_structure(t: Table, n_boot: int = stats.N_BOOT, seed: int = stats.S
     ``kan_total_s``/``mlp_total_s`` (medians over the rounds both have), ``exposed_diff_s`` (with ``_lo``/``_hi``,
     the 95% interval) and ``total_diff_s`` (likewise), ``n_rounds`` (rounds both have), ``margin_s``
     (:data:`kanlib.analysis.stats.MARGIN` of the MLP's step with the all-reduce: the margin every communication
-    decision here allows, :func:`exposes_more`) and ``exposed``/``total``, each :func:`compare_paired`'s outcome.
+    decision here allows, :func:`exposes_more`) and ``exposed``/``total``, each :func:`kanlib.analysis.twins.compare_paired`'s outcome.
     Empty when no point has both models."""
     d = plain_rows(t.data)
-    if d.empty or "model" not in d or not (d["model"] == TWIN_MODEL).any():
+    if d.empty or "model" not in d or not (d["model"] == twins.TWIN_MODEL).any():
         return pd.DataFrame()
     d = d[d["comm_hook"] == "timed"]
     shared = [f for f in t.group_fields(("model", "widths")) if f not in OPTION_FIELDS]
-    keys = shared + [f for f in PAIR_FIELDS if f in d and f not in shared]
-    rows = []
-    for key, g in groups.groupby(d, keys):
-        mlp, kans = g[g["model"] == TWIN_MODEL], g[g["model"] != TWIN_MODEL]
-        if mlp.empty or kans.empty:
-            continue
-        m = mlp.iloc[0]
-        for _, k in kans.iterrows():
-            row = {"group": groups.model_label({f: k[f] for f in t.group_fields() if f != "widths"}), **key,
-                   "kan_model": k["model"], "kan_widths": k.get("widths"), "mlp_widths": m.get("widths"),
-                   "kan_params": k.get("n_params", np.nan), "mlp_params": m.get("n_params", np.nan),
-                   "kan_bytes": k.get("grad_bytes", np.nan), "mlp_bytes": m.get("grad_bytes", np.nan),
-                   "margin_s": stats.MARGIN * float(m["t_allreduce_s"])}
-            for what, col in (("exposed", "exposed_rounds"), ("total", "comm_total_rounds")):
-                a, b = m.get(col) or (), k.get(col) or ()
-                both = sorted(set(dict(a)) & set(dict(b)))
-                row[f"mlp_{what}_s"] = _median_finite([dict(a)[r] for r in both])
-                row[f"kan_{what}_s"] = _median_finite([dict(b)[r] for r in both])
-                med, lo, hi, n = stats.paired_difference(a, b, n_boot, seed)
-                row.update({f"{what}_diff_s": med, f"{what}_diff_lo": lo, f"{what}_diff_hi": hi,
-                            what: compare_paired(lo, hi, n, row["margin_s"])})
-                row["n_rounds"] = min(row.get("n_rounds", n), n)
-            rows.append(row)
-    out = pd.DataFrame(rows)
-    if not out.empty:
-        out = out.sort_values(["group", "placement", "bucket_cap_mb"], kind="stable",
-                              key=lambda c: c.map(groups.placement_key) if c.name == "placement" else c)
-    return out.reset_index(drop=True)
-
-
-def compare_paired(lo: float, hi: float, n_rounds: int, margin_s: float) -> str:
-    """How a KAN's communication compares with its MLP twin's, from the 95% interval ``[lo, hi]`` of the median
-    within-round difference (KAN minus MLP, seconds) over ``n_rounds`` shared rounds: ``"larger"`` when the whole
-    interval lies above ``margin_s`` (clearly larger beyond the decision margin, as
-    :func:`kanlib.analysis.stats.clearly_larger` decides); ``"not larger"`` when the whole interval lies at or below
-    it (within the margin, or smaller); ``"undecided"`` when it holds the margin; ``"too few rounds"`` below
-    :data:`kanlib.analysis.stats.MIN_PAIRS` shared rounds."""
-    if n_rounds < stats.MIN_PAIRS or not np.isfinite([lo, hi]).all():
-        return "too few rounds"
-    if lo > margin_s:
-        return "larger"
-    return "not larger" if hi <= margin_s else "undecided"
-
-
-def gradient_structure_display(g: pd.DataFrame) -> pd.DataFrame:
-    """:func:`gradient_structure` as a reader needs it: per point, the two models' widths, parameters and gradient
-    bytes, their exposed communication and hook time (ms) and the paired difference with its interval."""
-    if g.empty:
-        return pd.DataFrame()
-
-    def diff(r, what):
-        return f"{_diff_ms(r, what)}: {r[what]}"
-
-    def both(a, b):
-        return [f"{fmt.ms(x)} / {fmt.ms(y)}" for x, y in zip(g[a], g[b])]
-
-    return pd.DataFrame({
-        "group": g["group"], "placement": g["placement"], "bucket (MiB)": g["bucket_cap_mb"].map(lambda v: f"{v:g}"),
-        "KAN / MLP widths": [f"{fmt.value(a)} / {fmt.value(b)}" for a, b in zip(g["kan_widths"], g["mlp_widths"])],
-        "gradient bytes KAN / MLP": [f"{_int(a)} / {_int(b)}" for a, b in zip(g["kan_bytes"], g["mlp_bytes"])],
-        "rounds": g["n_rounds"],
-        "exposed KAN / MLP (ms)": both("kan_exposed_s", "mlp_exposed_s"),
-        "exposed KAN - MLP (ms)": [diff(r, "exposed") for _, r in g.iterrows()],
-        "hook time KAN / MLP (ms)": both("kan_total_s", "mlp_total_s"),
-        "hook time KAN - MLP (ms)": [diff(r, "total") for _, r in g.iterrows()],
-        "margin (ms)": g["margin_s"].map(fmt.ms)}).reset_index(drop=True)
-
-
-def _signed(v) -> str:
-    return f"{v:+.3g}" if np.isfinite(v) else "n/a"
-
-
-def _diff_ms(r, what: str) -> str:
-    """A row's paired difference (KAN minus MLP) of ``what`` in ms with its interval (the value alone when the
-    interval is the point: one round)."""
-    return fmt.ci_text(*(r[f"{what}_diff{end}"] * 1e3 for end in ("_s", "_lo", "_hi")), _signed)
-
-
-def _rounds(n) -> str:
-    return f"{int(n)} round{'s' if int(n) != 1 else ''}"
-
-
-def _int(v) -> str:
-    return f"{int(v):,}" if np.isfinite(float(v)) else "n/a"
-
-
-def gradient_structure_sentence(g: pd.DataFrame) -> str:
-    """One sentence per point of :func:`gradient_structure`: the KAN's exposed communication and hook time against
-    its matched MLP's, paired by round, with the gradient bytes each all-reduces."""
-    parts = []
-    for _, r in g.iterrows():
-        parts.append(
-            f"{r['placement']}, {r['bucket_cap_mb']:g} MiB ({_int(r['kan_bytes'])} against {_int(r['mlp_bytes'])} "
-            f"gradient bytes per step, {_rounds(r['n_rounds'])}): exposed {fmt.ms(r['kan_exposed_s'])} against "
-            f"{fmt.ms(r['mlp_exposed_s'])} ms, KAN - MLP {_diff_ms(r, 'exposed')} ms ({r['exposed']}); hook time "
-            f"{fmt.ms(r['kan_total_s'])} against {fmt.ms(r['mlp_total_s'])} ms, KAN - MLP {_diff_ms(r, 'total')} ms "
-            f"({r['total']})")
-    return ("KAN against its matched-parameter MLP at equal gradient bytes, paired by round (margin: "
-            f"{stats.MARGIN:.0%} of the MLP's step): " + "; ".join(parts) + ".")
+    keys = shared + [f for f in twins.PAIR_FIELDS if f in d and f not in shared]
+    return twins.pair_twins(d, keys, t.group_fields(), n_boot, seed)
 
 
 def records_of(ctx: Context) -> pd.DataFrame:
@@ -431,7 +320,7 @@ def analyze(ctx: Context) -> StudyAnalysis:
     g = gradient_structure(t)
     if len(g):
         a.extra["gradient_structure"] = g
-        a.add_table("gradient_structure", gradient_structure_display(g), (
+        a.add_table("gradient_structure", twins.display(g), (
             "The KAN against its matched-parameter MLP (the same input and output widths, the parameter count nearest "
             "the KAN's, so the all-reduce carries nearly the same gradient bytes; the bytes are those the timed runs' "
             "buckets held), same global batch, bucket size and placement, run in the same rounds: exposed "
@@ -439,7 +328,7 @@ def analyze(ctx: Context) -> StudyAnalysis:
             f"difference with its 95% interval. 'larger' where the whole interval lies beyond the margin "
             f"({stats.MARGIN:.0%} of the MLP's step), 'not larger' where it lies within it. The hook time also holds "
             "the wait for the other rank's backward, which is longer for the KAN."))
-        a.lines.append(gradient_structure_sentence(g))
+        a.lines.append(twins.sentence(g))
     return a
 
 
@@ -498,7 +387,7 @@ def finding(a: StudyAnalysis) -> list[dict]:
         g = gradient_structure(a.table)
     if len(g):
         out.append({"study": SECTION, "topic": "KAN vs matched-parameter MLP: communication at equal gradient bytes",
-                    "ours": _pairs_text(g), "published": "the overhead is the all-reduce and the link, not KAN's "
+                    "ours": twins.pairs_text(g), "published": "the overhead is the all-reduce and the link, not KAN's "
                                                          "gradients (not measured)"})
     return out
 
@@ -549,48 +438,6 @@ def _overlaps(a, b) -> bool:
         return True
     lo, hi = (a, b) if a["exposed_s"] <= b["exposed_s"] else (b, a)
     return not exposes_more(lo, hi)
-
-
-def calibrated_prediction(timed: pd.DataFrame, noop: pd.DataFrame, fits: dict, target: float,
-                          max_world_size: int = 4096) -> dict:
-    """Extrapolate one measured DDP point with the collective-benchmark fit.
-
-    timed / noop: the point's runs with the timed hook and its no-op twins (one configuration). The
-    compute profile comes from the no-op twin: ``T_noop(N) = c n_params B / N`` gives ``c``, and its
-    backward share says when buckets become ready; the buckets are the ones the timed runs recorded;
-    each bucket's all-reduce comes from the fit of the same backend, device, algorithm and emulated link
-    (:func:`kanlib.analysis.commmodel.find_fit`), on nodes of the point's processes per node. Returns
-    ``world_size`` (largest with efficiency >= target, or None), the prediction table, a description and
-    ``compute_interval``, the bootstrap interval of the no-op twin's median step as factors of it (what the measured
-    compute is uncertain by, :func:`kanlib.analysis.commmodel.world_size_band`); raises ValueError saying why when
-    the point or the fit cannot support a prediction.
-    """
-    if timed.empty or noop.empty:
-        raise ValueError("the point needs timed runs and their no-op twins")
-    r = timed.iloc[0]
-    buckets = r.get("bucket_bytes")
-    if not isinstance(buckets, (list, tuple)) or not buckets:
-        raise ValueError("its records carry no bucket_bytes (schema 1)")
-    nn, pp = int(r["nnodes"]), int(r["nproc_per_node"])
-    n, b, n_params = nn * pp, int(r["global_batch"]), int(r["n_params"])
-    t_noop, t_noop_lo, t_noop_hi = stats.median_ci(noop["step_time_s"].to_numpy(float))
-    bwd = float(np.median(noop["backward_s"].to_numpy(float))) if "backward_s" in noop else 2 * t_noop / 3
-    profile = commmodel.ComputeProfile(t_noop * n / (n_params * b), 0.0, min(max(bwd / t_noop, 0.0), 1.0),
-                                       f"measured: the no-op twin at {nn}x{pp}")
-    algo = commmodel.row_algorithm(r.get("backend", ""), r.get("nccl_algo", ""), r.get("nccl_algo_used"))
-    f = commmodel.find_fit(fits, r.get("backend", ""), r.get("device", "cpu"), algo, nn,
-                           r.get("emulate_latency_s", 0.0), r.get("emulate_bandwidth_bytes_per_s", 0.0))
-    if f is None:
-        raise ValueError(f"no collective-benchmark fit for {r.get('backend')}/{r.get('device')}/{algo} with this "
-                         f"run's link (emulated latency {float(r.get('emulate_latency_s') or 0):g} s)")
-    pred = commmodel.predict_scaling(f.model, profile, list(reversed(list(buckets))),
-                                     commmodel.powers_of_two(max_world_size), pp, global_batch=b,
-                                     bucket_cap_mb=float(r["bucket_cap_mb"]))
-    return {"world_size": commmodel.largest_world_size_at(pred, target), "prediction": pred, "profile": profile,
-            "fit": f.model.label, "links": f.model.describe(), "loo_rel_rmse": f.loo_rel_rmse,
-            "n_params": n_params, "global_batch": b, "n_buckets": len(buckets), "placement_per_node": pp,
-            "compute_interval": ((t_noop_lo / t_noop, t_noop_hi / t_noop)
-                                 if t_noop > 0 and np.isfinite([t_noop_lo, t_noop_hi]).all() else (1.0, 1.0))}
 
 
 def _least_exposing_placement(g: pd.DataFrame, label: str, rows: list, text: list) -> None:
@@ -657,7 +504,7 @@ def _prediction_answer(sel: pd.DataFrame, key: dict, p: str, label: str, fits: d
                 & (sel["emulate_latency_s"] == key["emulate_latency_s"])
                 & (sel["emulate_bandwidth_bytes_per_s"] == key["emulate_bandwidth_bytes_per_s"])]
     try:
-        pr = calibrated_prediction(timed, sel[sel["comm_hook"] == "noop"], fits, target)
+        pr = commmodel.calibrated_prediction(timed, sel[sel["comm_hook"] == "noop"], fits, target)
     except ValueError as e:
         text.append(f"{label}, {p}: no calibrated-model extrapolation: {e}.")
         rows.append({"question": question, "group": label, "answer": f"not predicted: {e}",
@@ -798,22 +645,12 @@ def judge_overhead(a: StudyAnalysis, machine: dict, other: str, guidelines=None,
     return claims.verdict(ok, num, f"against {PUBLISHED_RANGE}", f"against {PUBLISHED_RANGE}", other)
 
 
-def _pairs_text(g: pd.DataFrame) -> str:
-    """Per point of :func:`gradient_structure`, briefly: exposed and hook time, KAN against MLP, with the paired
-    difference, its interval and outcome, and the gradient bytes."""
-    return "; ".join(
-        f"{r['placement']} ({r['bucket_cap_mb']:g} MiB, {_int(r['kan_bytes'])} vs {_int(r['mlp_bytes'])} B, "
-        f"{_rounds(r['n_rounds'])}): exposed {fmt.ms(r['kan_exposed_s'])} vs {fmt.ms(r['mlp_exposed_s'])} ms, "
-        f"KAN - MLP {_diff_ms(r, 'exposed')} ms ({r['exposed']}); hook time {fmt.ms(r['kan_total_s'])} vs "
-        f"{fmt.ms(r['mlp_total_s'])} ms ({r['total']})" for _, r in g.iterrows())
-
-
 def judge_gradient_structure(a: StudyAnalysis, machine: dict, other: str, guidelines=None, ctx=None) -> dict:
     """The hardware-independent part of the published attribution: the overhead is the all-reduce and the link, not
     KAN's gradient structure. At equal gradient bytes (the KAN beside its matched-parameter MLP,
     :func:`gradient_structure`) on every placement measured: confirmed when neither the KAN's exposed communication
     nor its hook time is larger than the MLP's beyond the decision margin (the whole paired 95% interval within it,
-    :func:`compare_paired`); contradicted when the KAN's exposed communication is clearly larger (the whole interval
+    :func:`kanlib.analysis.twins.compare_paired`); contradicted when the KAN's exposed communication is clearly larger (the whole interval
     beyond it) on some placement; untested without MLP twins, with fewer than
     :data:`kanlib.analysis.stats.MIN_PAIRS` shared rounds, or while an interval holds the margin (undecided).
 
@@ -821,39 +658,11 @@ def judge_gradient_structure(a: StudyAnalysis, machine: dict, other: str, guidel
     holds the wait for the other rank's backward, which the KAN's longer compute lengthens (not its gradients). The
     exposed part holds some of that wait too (the ranks synchronise every step, the no-op twins do not), so a
     contradiction on a busy machine is to be checked on a quiet one.
-    Any machine decides it (``other`` does not apply): what it decides is said in the reason (:data:`DECIDES`)."""
+    Any machine decides it (``other`` does not apply): what it decides is said in the reason (:data:`kanlib.analysis.twins.DECIDES`)."""
     g = a.extra.get("gradient_structure")
     if g is None:
         g = gradient_structure(a.table) if a.table is not None else pd.DataFrame()
-    if not len(g):
-        return {"verdict": "untested", "number": "no matched-parameter MLP beside the KAN",
-                "why": f"{DECIDES}; it needs the KAN's MLP twins (03_communication_overhead's mlp_bucket_caps_mb)"}
-    num = _pairs_text(g)
-    few = g[(g["exposed"] == "too few rounds") | (g["total"] == "too few rounds")]
-    larger = g[g["exposed"] == "larger"]
-    if len(larger):
-        where = ", ".join(f"{r['placement']} ({r['bucket_cap_mb']:g} MiB)" for _, r in larger.iterrows())
-        return {"verdict": "contradicted", "number": num,
-                "why": f"{DECIDES}; at {where} the KAN exposes more communication than the MLP with the same gradient "
-                       f"bytes, the whole paired 95% interval beyond the margin ({stats.MARGIN:.0%} of the MLP's "
-                       "step); the exposed part also holds the ranks' waiting for each other's compute, longer for "
-                       "the KAN, which a busy machine enlarges"}
-    if len(few):
-        return {"verdict": "untested", "number": num,
-                "why": f"{DECIDES}; a paired decision needs {stats.MIN_PAIRS} rounds of both models, "
-                       f"{int(few['n_rounds'].min())} here"}
-    if (g["exposed"] == "not larger").all() and (g["total"] == "not larger").all():
-        return {"verdict": "confirmed", "number": num,
-                "why": f"{DECIDES}; on every placement measured the KAN's exposed communication and hook time lie "
-                       f"within the margin ({stats.MARGIN:.0%} of the MLP's step) of the MLP's with the same bytes"}
-    open_ = [f"{r['placement']} {w}" for _, r in g.iterrows() for w in ("exposed", "total")
-             if r[w] != "not larger"]
-    hook_only = (g["exposed"] == "not larger").all()
-    return {"verdict": "untested", "number": num,
-            "why": f"{DECIDES}; undecided: " + ", ".join(open_)
-                   + (" (the hook time is larger beyond the margin, but the step does not wait for it: it holds the "
-                      "wait for the other rank's longer KAN backward)" if hook_only else
-                      " (the paired interval holds the margin: more rounds decide it)")}
+    return twins.judge(g)
 
 
 def judge_attribution(a: StudyAnalysis, machine: dict, other: str, guidelines=None, ctx=None) -> dict:

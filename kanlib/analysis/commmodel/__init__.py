@@ -18,7 +18,7 @@ pandas and numpy only: no torch import.
 
 from kanlib.analysis.commmodel.ddp import (TWIN_KEYS, ddp_buckets, kan_param_bytes, overlap, predict_run,
                                            transfer_waiting, transfer_waiting_by_placement, twins, validate_ddp)
-from kanlib.analysis.commmodel.extrapolate import (ComputeProfile, band_efficiencies, extrapolation_table,
+from kanlib.analysis.commmodel.extrapolate import (ComputeProfile, band_efficiencies, calibrated_prediction, extrapolation_table,
                                                    largest_world_size_at, placement_for, powers_of_two,
                                                    predict_scaling, profile_from_records, ring_tree_crossover,
                                                    sizes_above, world_size_band, world_size_reached)
@@ -37,5 +37,5 @@ __all__ = [
     "ModelValidation", "model_validation",
     "ComputeProfile", "profile_from_records", "placement_for", "predict_scaling", "extrapolation_table",
     "ring_tree_crossover", "sizes_above", "largest_world_size_at", "band_efficiencies", "world_size_band",
-    "world_size_reached", "powers_of_two",
+    "world_size_reached", "powers_of_two", "calibrated_prediction",
 ]

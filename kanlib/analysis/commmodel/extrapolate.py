@@ -21,7 +21,7 @@ import pandas as pd
 
 from kanlib.analysis import stats, straggler
 from kanlib.analysis.commmodel.ddp import ddp_buckets, kan_param_bytes, overlap
-from kanlib.analysis.commmodel.links import LinkModel, nnls
+from kanlib.analysis.commmodel.links import LinkModel, find_fit, nnls, row_algorithm
 
 
 # -- compute profiles and extrapolation ---------------------------------------------------------------------
@@ -283,3 +283,45 @@ def world_size_reached(pred: pd.DataFrame, target_efficiency: float, band: float
 def powers_of_two(up_to: int) -> list[int]:
     """1, 2, 4, ... up to ``up_to``."""
     return [2 ** k for k in range(int(math.log2(up_to)) + 1)]
+
+
+def calibrated_prediction(timed: pd.DataFrame, noop: pd.DataFrame, fits: dict, target: float,
+                          max_world_size: int = 4096) -> dict:
+    """Extrapolate one measured DDP point with the collective-benchmark fit.
+
+    timed / noop: the point's runs with the timed hook and its no-op twins (one configuration). The
+    compute profile comes from the no-op twin: ``T_noop(N) = c n_params B / N`` gives ``c``, and its
+    backward share says when buckets become ready; the buckets are the ones the timed runs recorded;
+    each bucket's all-reduce comes from the fit of the same backend, device, algorithm and emulated link
+    (:func:`find_fit`), on nodes of the point's processes per node. Returns
+    ``world_size`` (largest with efficiency >= target, or None), the prediction table, a description and
+    ``compute_interval``, the bootstrap interval of the no-op twin's median step as factors of it (what the measured
+    compute is uncertain by, :func:`world_size_band`); raises ValueError saying why when
+    the point or the fit cannot support a prediction.
+    """
+    if timed.empty or noop.empty:
+        raise ValueError("the point needs timed runs and their no-op twins")
+    r = timed.iloc[0]
+    buckets = r.get("bucket_bytes")
+    if not isinstance(buckets, (list, tuple)) or not buckets:
+        raise ValueError("its records carry no bucket_bytes (schema 1)")
+    nn, pp = int(r["nnodes"]), int(r["nproc_per_node"])
+    n, b, n_params = nn * pp, int(r["global_batch"]), int(r["n_params"])
+    t_noop, t_noop_lo, t_noop_hi = stats.median_ci(noop["step_time_s"].to_numpy(float))
+    bwd = float(np.median(noop["backward_s"].to_numpy(float))) if "backward_s" in noop else 2 * t_noop / 3
+    profile = ComputeProfile(t_noop * n / (n_params * b), 0.0, min(max(bwd / t_noop, 0.0), 1.0),
+                                       f"measured: the no-op twin at {nn}x{pp}")
+    algo = row_algorithm(r.get("backend", ""), r.get("nccl_algo", ""), r.get("nccl_algo_used"))
+    f = find_fit(fits, r.get("backend", ""), r.get("device", "cpu"), algo, nn,
+                           r.get("emulate_latency_s", 0.0), r.get("emulate_bandwidth_bytes_per_s", 0.0))
+    if f is None:
+        raise ValueError(f"no collective-benchmark fit for {r.get('backend')}/{r.get('device')}/{algo} with this "
+                         f"run's link (emulated latency {float(r.get('emulate_latency_s') or 0):g} s)")
+    pred = predict_scaling(f.model, profile, list(reversed(list(buckets))),
+                                     powers_of_two(max_world_size), pp, global_batch=b,
+                                     bucket_cap_mb=float(r["bucket_cap_mb"]))
+    return {"world_size": largest_world_size_at(pred, target), "prediction": pred, "profile": profile,
+            "fit": f.model.label, "links": f.model.describe(), "loo_rel_rmse": f.loo_rel_rmse,
+            "n_params": n_params, "global_batch": b, "n_buckets": len(buckets), "placement_per_node": pp,
+            "compute_interval": ((t_noop_lo / t_noop, t_noop_hi / t_noop)
+                                 if t_noop > 0 and np.isfinite([t_noop_lo, t_noop_hi]).all() else (1.0, 1.0))}
