@@ -281,3 +281,16 @@ def test_a_run_whose_rerun_was_killed_keeps_its_set_aside_record_in_the_analysis
         json.dump(rec(world_size=1, run_id="second", step_time_s=0.01, global_batch=64), f)
     found = load.find_record_files(str(tmp_path))
     assert os.path.join(run_dir, "record.json") in found and len(found) == 2
+
+
+def test_a_printed_interval_never_rounds_a_rejected_low_end_up_to_the_bound():
+    # issue 36.4: 85% [71.9%, 95%] printed "85% [72%, 95%]" beside a guideline that rejected it for a low end below
+    # the 72% the 80% target's margin needs; bounds round outward, the median to nearest
+    from kanlib.analysis import fmt
+
+    assert fmt.ci_text(0.85, 0.719, 0.951, fmt.pct) == "85% [71%, 96%]"
+    assert fmt.pct_ci({"efficiency": 0.85, "efficiency_lo": 0.719, "efficiency_hi": 0.95, "n_runs": 5},
+                      "efficiency") == "85% [71%, 95%]"
+    assert fmt.ci_text(0.85, 0.72, 0.95, fmt.pct) == "85% [72%, 95%]"  # exact bounds stay
+    assert fmt.ci_text(0.0615, 0.0612, 0.0634, fmt.pct1) == "6.2% [6.1%, 6.4%]"
+    assert stats.reaches(0.85, 0.719, 0.95, 0.8, 5) != "yes"  # the rule it must agree with

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -71,12 +73,27 @@ def nbytes(b: float) -> str:
     return f"{b:.3g} TiB"
 
 
+def outward(lo, hi, fmt) -> tuple[str, str]:
+    """An interval's bounds as ``fmt`` writes them, rounded outward for the percentages a decision reads: the low
+    end down, the high end up, so a printed interval never claims more than was measured (a low end of 71.9% that
+    missed a 72% decision bound read "72%" when rounded to nearest, beside a decision that rejected it)."""
+    digits = {pct: 0, pct1: 1}.get(fmt)
+    if digits is None or not (finite(lo) and finite(hi)):
+        return fmt(lo), fmt(hi)
+    scale = 100 * 10 ** digits
+    down = math.floor(lo * scale + 1e-9) / scale
+    up = math.ceil(hi * scale - 1e-9) / scale
+    return fmt(down), fmt(up)
+
+
 def ci_text(v, lo, hi, fmt) -> str:
-    """``fmt(v) [fmt(lo), fmt(hi)]``; only ``fmt(v)`` when the interval is the point or not finite."""
+    """``fmt(v) [fmt(lo), fmt(hi)]`` (bounds rounded outward, :func:`outward`); only ``fmt(v)`` when the interval is
+    the point or not finite."""
     if not np.isfinite(v):
         return "n/a"
     if np.isfinite(lo) and np.isfinite(hi) and (lo != v or hi != v):
-        return f"{fmt(v)} [{fmt(lo)}, {fmt(hi)}]"
+        a, b = outward(lo, hi, fmt)
+        return f"{fmt(v)} [{a}, {b}]"
     return fmt(v)
 
 
@@ -124,8 +141,8 @@ def pct_ci(row, col: str, lo: str | None = None, hi: str | None = None) -> str:
     ``82% (2 runs)`` when the row has fewer runs (``n_runs``) than an interval needs."""
     if too_few(row.get("n_runs")):
         return runs_text(row[col], int(row["n_runs"]), pct)
-    lo_v, hi_v = row.get(lo or f"{col}_lo", np.nan), row.get(hi or f"{col}_hi", np.nan)
-    return f"{pct(row[col])} [{pct(lo_v)}, {pct(hi_v)}]"
+    a, b = outward(row.get(lo or f"{col}_lo", np.nan), row.get(hi or f"{col}_hi", np.nan), pct)
+    return f"{pct(row[col])} [{a}, {b}]"
 
 
 def value(v) -> str:

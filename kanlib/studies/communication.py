@@ -540,7 +540,7 @@ def _prediction_answer(sel: pd.DataFrame, key: dict, p: str, label: str, fits: d
                    if np.isfinite(band) else "") + f", as does the {compute_txt}.")
     rows.append({"question": question, "group": label, "answer": ans, "value": float(n_dec),
                  "basis": "communication model",
-                 "near": stats.near_note([f"N={n} at {e:.0%} [{a:.0%}, {b:.0%}]" for n, e, a, b in near], target,
+                 "near": stats.near_note([f"N={n} at {fmt.ci_text(e, a, b, fmt.pct)}" for n, e, a, b in near], target,
                                          "the prediction's band")})
 
 

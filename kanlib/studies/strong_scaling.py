@@ -171,8 +171,8 @@ def work_figure(table: Table, title: str = "Efficiency against work per process"
         fam = groups.family(int(g["nnodes"].iloc[0]))
         fams.add(fam)
         label = groups.group_label(key, other)
-        hover = [f"{m} {p} {label}<br>widths={list(w)}, B={b}<br>work/process={x * 1e3:.3g} ms<br>E={e:.0%} "
-                 f"[{lo:.0%}, {hi:.0%}]" for w, b, x, e, lo, hi in
+        hover = [f"{m} {p} {label}<br>widths={list(w)}, B={b}<br>work/process={x * 1e3:.3g} ms<br>"
+                 f"E={fmt.ci_text(e, lo, hi, fmt.pct)}" for w, b, x, e, lo, hi in
                  zip(g["widths"], g["global_batch"], g["work_per_process_s"], g["efficiency"], g["efficiency_lo"],
                      g["efficiency_hi"])]
         fig.add_trace(go.Scatter(x=g["work_per_process_s"] * 1e3, y=g["efficiency"], mode="lines+markers",

@@ -124,7 +124,7 @@ def figure(table: Table, title: str = "Weak scaling", target: float = Goals.targ
 def _add_series(fig: go.Figure, s: pd.DataFrame, m: str, fam: str, i: int, cols: int, n_rows: int,
                 multi_ok: bool) -> None:
     """One model's line of one facet in every panel of the weak-scaling figure."""
-    hover = [f"{m} {p}<br>N={w}<br>X={x:.4g}/s<br>E_w={e:.0%} [{lo:.0%}, {hi:.0%}]<br>runs={k}"
+    hover = [f"{m} {p}<br>N={w}<br>X={x:.4g}/s<br>E_w={fmt.ci_text(e, lo, hi, fmt.pct)}<br>runs={k}"
              for p, w, x, e, lo, hi, k in zip(s["placement"], s["world_size"], s["throughput"],
                                               s["weak_efficiency"], s["weak_efficiency_lo"],
                                               s["weak_efficiency_hi"], s["n_runs"])]
