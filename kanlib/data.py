@@ -742,6 +742,35 @@ def check_task(cfg) -> None:
         raise ConfigError(f"global_batch: {cfg.global_batch} exceeds the {s.train_rows} training rows of {s.what}")
 
 
+def training_rows(cfg) -> int:
+    """The training rows a run of ``cfg`` gets: ``n_train``, or at most that many of a data set's or file's rows
+    (those ``n_val`` leaves). A CSV file's rows are counted, with the parser of :func:`read_table`, once per file
+    version: only ``global_batch=0`` needs them before the run reads the file."""
+    s = task_shape(cfg)
+    if s.train_rows is not None:
+        return s.train_rows
+    st = os.stat(cfg.data_path)
+    try:
+        rows = _csv_rows(cfg.data_path, st.st_mtime_ns, st.st_size)
+    except ValueError as e:
+        raise ConfigError(f"data_path: {e}") from None
+    if cfg.n_val >= rows:
+        raise ConfigError(f"n_val: {cfg.data_path} has {rows} rows; n_val={cfg.n_val} leaves none to train on")
+    return min(cfg.n_train, rows - cfg.n_val)
+
+
+@functools.lru_cache(maxsize=64)
+def _csv_rows(path: str, mtime_ns: int, size: int) -> int:
+    """Data rows of a CSV file (blank lines are not rows), without converting a value; cached per file version."""
+    try:
+        with _open_csv(path) as f:
+            reader = _csv_reader(f)
+            next(reader, None)  # the header
+            return sum(1 for row in reader if row)
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"{path}: cannot read as CSV: {e}") from None
+
+
 def make_dataset(cfg) -> Dataset:
     """The dataset of a :class:`kanlib.config.RunConfig`; checks that it fits the model and batch."""
     if cfg.task == "file":

@@ -272,7 +272,8 @@ def train_step(run: Run, step: int, sigterm: distributed.StopRequest) -> StepRow
     finite = _gradients_finite(run, loss)
     lbfgs = isinstance(run.optimizer, optim.LBFGS)
     if finite and lbfgs:  # its line search evaluates the batch again, every rank the same number of times
-        optim.lbfgs_step(run.optimizer, forward_backward, loss, info, clock)
+        optim.lbfgs_step(run.optimizer, forward_backward, loss, info, clock,
+                         new_batch=cfg.global_batch < run.data.n_train)
     elif finite:
         run.optimizer.step()
     elif not _agreed_after_timing(run):

@@ -100,6 +100,42 @@ def test_the_defaults_train_exp_sin(tmp_path):
     assert math.sqrt(rec["final_val_loss"]) <= 1e-2, rec["final_val_loss"]
 
 
+def _cli(tmp_path, *args: str) -> tuple[dict, list[float]]:
+    """Run ``python -m kanlib.train ARGS --out_dir=tmp_path``; its record and training losses."""
+    out = subprocess.run([sys.executable, "-m", "kanlib.train", *args, f"--out_dir={tmp_path}"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 0, out.stdout + out.stderr
+    path = out.stdout.strip().splitlines()[-1].split("record=")[1]
+    with open(path) as f:
+        rec = json.load(f)
+    return rec, results.load_steps(os.path.dirname(path)).loss.tolist()
+
+
+@pytest.mark.slow
+def test_lbfgs_on_mini_batches_of_digits_does_not_diverge(tmp_path):
+    """Issue 34's case: L-BFGS (the default) on mini-batches of 256 of digits' 1438 training rows stopped with a
+    non-finite loss (at step 17 here, 119 in the issue) as its line search followed a NaN trial; it trains now."""
+    rec, losses = _cli(tmp_path, "--task=digits", "--widths=64,32,10", "--global_batch=256", "--steps=150")
+    assert rec["optimizer"] == "lbfgs" and rec["global_batch"] == 256 and rec["n_skipped_steps"] == 0
+    assert len(losses) == 150 and all(math.isfinite(v) for v in losses)
+    assert math.isfinite(rec["final_val_loss"]) and rec["final_val_accuracy"] > 0.9
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task,widths,batch", [("digits", "64,10", 256), ("diabetes", "10,1", 64),
+                                               ("feynman:I.6.2", "2,5,1", 256), ("exp_sin", "2,16,16,1", 256)])
+def test_the_defaults_train_every_task_on_mini_batches(tmp_path, task, widths, batch):
+    """Every bundled task with the defaults (L-BFGS) at a mini-batch of its training set: finite losses that fall.
+    The fast kernel computes what the default compiled one does, without its compilation (most of such a run)."""
+    rec, losses = _cli(tmp_path, f"--task={task}", f"--widths={widths}", f"--global_batch={batch}", "--steps=10",
+                       "--warmup_steps=2", "--kan_impl=fast")
+    assert rec["optimizer"] == "lbfgs" and rec["global_batch"] == batch < min(rec["n_train"], 1024)
+    assert all(math.isfinite(v) for v in losses) and math.isfinite(rec["final_val_loss"])
+    assert max(losses[-3:]) < losses[0], losses
+    if rec["final_val_accuracy"] is not None:
+        assert rec["final_val_accuracy"] > rec["chance_accuracy"] + 0.5
+
+
 LAUNCH_NOTEBOOKS = ["01_strong_scaling", "02_weak_scaling", "03_communication_overhead", "04_model_size_scaling",
                     "07_time_to_accuracy", "08_compounding"]
 
