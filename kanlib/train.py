@@ -691,6 +691,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     distributed.die_with_launcher()
     cfg = RunConfig.from_cli(argv)
+    distributed.check_launch(cfg)  # before the run's folder (the lock below) exists: a mismatch leaves none
     lock = None
     if not os.environ.get("KANLIB_RUNNER_LOCKS") and os.environ.get("RANK", "0") == "0":
         # Started by hand (a runner holds the lock of every run it launches): one process per run folder, as
