@@ -136,6 +136,18 @@ def test_the_defaults_train_every_task_on_mini_batches(tmp_path, task, widths, b
         assert rec["final_val_accuracy"] > rec["chance_accuracy"] + 0.5
 
 
+@pytest.mark.slow
+def test_two_processes_lay_gradients_out_as_ddp_buckets_expect(tmp_path):
+    """Issue 38: every 2-process run of the default (compiled) kernel warned "Grad strides do not match bucket view
+    strides": a one-output layer's base_weight gradient was a (1, in) slice with strides ((1 + C) * in, 1)."""
+    cfg = _cfg(tmp_path, nproc_per_node=2, kan_impl="compiled", steps=3, warmup_steps=1, eval_every=0)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+                          "kanlib.train", *cfg.to_cli()], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 0 and "world_size=2" in out.stdout, out.stdout + out.stderr
+    assert "Grad strides" not in out.stderr, out.stderr
+
+
 LAUNCH_NOTEBOOKS = ["01_strong_scaling", "02_weak_scaling", "03_communication_overhead", "04_model_size_scaling",
                     "07_time_to_accuracy", "08_compounding"]
 
