@@ -32,7 +32,7 @@ Model = Literal["kan", "kan_rbf", "kan_cheb", "mlp"]
 KanImpl = Literal["reference", "fast", "compiled"]
 Backend = Literal["auto", "gloo", "nccl"]
 Device = Literal["auto", "cpu", "cuda"]
-Precision = Literal["fp32", "bf16"]
+Precision = Literal["fp32", "bf16", "fp64"]
 CommHook = Literal["default", "timed", "noop", "bf16", "fp16", "powersgd"]
 NanPolicy = Literal["stop", "skip"]
 Optimizer = Literal["lbfgs", "adam", "sgd"]
@@ -360,7 +360,9 @@ class RunConfig(Config):
     it. none: the OS always places it. Unpinned, 2-process runs on 2 cores took 3.2-4.0 ms per step in 4 of 14
     runs and 2.3-2.6 ms in the rest; pinned, 2.1-2.3 ms in all 14 (docs/measurement.md)."""
     precision: Precision = "fp32"
-    """fp32, or bf16 autocast with float32 master weights."""
+    """fp32; bf16 autocast with float32 master weights; or fp64: data, parameters, gradients, loss, optimizer state
+    and DDP's all-reduce in float64 (as KAN users fit, pykan's tutorials among them: about 2x the float32 step time on
+    CPU, much more on most GPUs)."""
     parallelism: Parallelism = "ddp"
     """Data parallelism: ddp (replicated parameters, all-reduced gradients) or fsdp (parameters,
     gradients and optimizer state sharded across ranks with torch.distributed.fsdp.fully_shard)."""

@@ -385,7 +385,8 @@ def global_loss(loss: torch.Tensor, info) -> float:
         return float(loss)
     from kanlib import distributed
 
-    return float(distributed.all_reduce(loss.detach().float().reshape(1), info, "sum")) / info.world_size
+    wide = loss.detach().to(torch.promote_types(loss.dtype, torch.float32))  # float32, or float64 (fp64)
+    return float(distributed.all_reduce(wide.reshape(1), info, "sum")) / info.world_size
 
 
 def lbfgs_step(optimizer: LBFGS, forward_backward, loss: torch.Tensor, info, clock, new_batch: bool = False) -> None:

@@ -334,6 +334,9 @@ class RunRecord:
         "validation accuracy after training (classification; null otherwise)"))
     chance_accuracy: float | None = field(default=None, metadata=_doc(
         "validation accuracy of always predicting the most frequent training class (classification; null otherwise)"))
+    param_dtype: str = field(default="", metadata=_doc(
+        "dtype the parameters were trained in: `float32` (fp32, and bf16's master weights) or `float64` (fp64); empty "
+        "in records written before it was recorded"))
     reached_target: bool | None = field(default=None, metadata=_doc(
         "whether the validation loss reached `target_val_loss` (null without a target)"))
     steps_to_target: int | None = field(default=None, metadata=_doc("optimizer steps until the target was reached"))

@@ -34,7 +34,7 @@ import torch.distributed as dist  # noqa: E402
 
 from kanlib import checkpoint, distributed, faults, grids, hooks, optim, records  # noqa: E402
 from kanlib.config import RunConfig  # noqa: E402
-from kanlib.data import make_dataset  # noqa: E402
+from kanlib.data import make_dataset, training_dtype  # noqa: E402
 from kanlib.distributed import AsyncFlag, DistInfo  # noqa: E402
 from kanlib.metrics import (InterferenceProbe, PhaseClock, combine_interference, device_memory,  # noqa: E402
                             model_state_bytes, peak_memory_bytes, release_host_memory, reset_peak_memory,
@@ -132,7 +132,7 @@ def start_or_resume(cfg: RunConfig, group: distributed.Group) -> Run:
     distributed.barrier(info)  # rank 0 has tidied the folder before anyone reads a checkpoint
     torch.manual_seed(cfg.seed)  # identical initialisation on every rank (DDP also broadcasts)
     data = make_dataset(cfg)
-    model = build_model(cfg).to(info.device)
+    model = build_model(cfg).to(info.device, training_dtype(cfg.precision))  # float64 parameters under fp64
     ck = checkpoint.load_latest(run_dir)
     if ck is not None:
         if ck.get("run_key") != cfg.run_key() or ck.get("world_size") != info.world_size:
@@ -541,6 +541,7 @@ def finish(run: Run) -> RunRecord | None:
         device_used_bytes=int(mem[2]) if used is not None else None,
         final_train_loss=float(combined["loss"][-1]), final_val_loss=final["val_loss"],
         final_val_accuracy=final["val_accuracy"], chance_accuracy=run.data.chance_accuracy,
+        param_dtype=str(run.params[0].dtype).split(".")[-1],
         resumed_from_step=run.start_step, attempt=run.attempt, n_skipped_steps=run.n_skipped,
         n_grid_updates=run.n_grid_updates, earlier_attempts=records.earlier_attempts(run.run_dir),
         **optim.record_fields(run.evals, first, run.model), **interference, **target,

@@ -137,6 +137,23 @@ def test_the_defaults_train_every_task_on_mini_batches(tmp_path, task, widths, b
 
 
 @pytest.mark.slow
+def test_fp64_trains_in_float64_on_one_and_two_processes(tmp_path):
+    """precision=fp64: data, parameters, loss, L-BFGS's state and DDP's all-reduce (gloo) in float64. One and two
+    processes take the same steps to float64's rounding (float32's differ by up to 2e-4 after five L-BFGS steps,
+    test_lbfgs_one_and_two_processes_take_the_same_steps); the records say fp64 and the parameters are float64."""
+    one = _cfg(tmp_path, precision="fp64", task="feynman:I.6.2")
+    two = _cfg(tmp_path, precision="fp64", task="feynman:I.6.2", nproc_per_node=2)
+    r1, r2 = run(one, echo=False, timeout_s=300), run(two, echo=False, timeout_s=300)
+    for rec, cfg in ((r1, one), (r2, two)):
+        assert rec["precision"] == "fp64" and rec["param_dtype"] == "float64" and rec["world_size"] == cfg.world_size
+        assert {str(v.dtype) for v in final_params(cfg).values()} == {"torch.float64"}  # the grids too
+    a, b = _val_curve(one), _val_curve(two)
+    assert len(a) == len(b) == 5 and a[-1] < 0.1 * a[0]
+    for x, y in zip(a, b):
+        assert y == pytest.approx(x, rel=1e-9)
+
+
+@pytest.mark.slow
 def test_two_processes_lay_gradients_out_as_ddp_buckets_expect(tmp_path):
     """Issue 38: every 2-process run of the default (compiled) kernel warned "Grad strides do not match bucket view
     strides": a one-output layer's base_weight gradient was a (1, in) slice with strides ((1 + C) * in, 1)."""
