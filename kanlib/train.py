@@ -541,7 +541,7 @@ def finish(run: Run) -> RunRecord | None:
         device_used_bytes=int(mem[2]) if used is not None else None,
         final_train_loss=float(combined["loss"][-1]), final_val_loss=final["val_loss"],
         final_val_accuracy=final["val_accuracy"], chance_accuracy=run.data.chance_accuracy,
-        param_dtype=str(run.params[0].dtype).split(".")[-1],
+        target_mean=run.data.y_mean, target_std=run.data.y_std, param_dtype=str(run.params[0].dtype).split(".")[-1],
         resumed_from_step=run.start_step, attempt=run.attempt, n_skipped_steps=run.n_skipped,
         n_grid_updates=run.n_grid_updates, earlier_attempts=records.earlier_attempts(run.run_dir),
         **optim.record_fields(run.evals, first, run.model), **interference, **target,
@@ -708,10 +708,22 @@ def main(argv: list[str] | None = None) -> int:
         if lock is not None:
             lock.release()
     if rec is not None:
-        print(f"kanlib: world_size={rec.world_size} step_time_s={rec.step_time_s:.6f} "
-              f"samples_per_s={rec.samples_per_s:.1f} final_val_loss={rec.final_val_loss:.6g} "
+        print(f"kanlib: world_size={rec.world_size} precision={cfg.precision} step_time_s={rec.step_time_s:.6f} "
+              f"samples_per_s={rec.samples_per_s:.1f} {validation_summary(rec)} "
               f"record={os.path.join(cfg.run_dir(), records.RECORD_NAME)}", flush=True)
     return 0
+
+
+def validation_summary(rec: RunRecord) -> str:
+    """The final validation loss under its own name: ``val_cross_entropy`` and ``val_accuracy`` (classification), or
+    ``val_mse`` and ``val_rmse`` of the (standardised) target and ``val_rmse_target_units``, the RMSE in the target's
+    own units (``target_std`` times it; the same number where the target is not standardised)."""
+    loss = rec.final_val_loss
+    if rec.final_val_accuracy is not None:
+        return f"val_cross_entropy={loss:.6g} val_accuracy={rec.final_val_accuracy:.4f}"
+    rmse = math.sqrt(loss) if loss >= 0 else math.nan
+    scale = rec.target_std if rec.target_std is not None else 1.0
+    return f"val_mse={loss:.6g} val_rmse={rmse:.6g} val_rmse_target_units={rmse * scale:.6g}"
 
 
 if __name__ == "__main__":

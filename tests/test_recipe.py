@@ -165,6 +165,29 @@ def test_two_processes_lay_gradients_out_as_ddp_buckets_expect(tmp_path):
     assert "Grad strides" not in out.stderr, out.stderr
 
 
+@pytest.mark.slow
+def test_the_cli_gives_the_rmse_in_the_targets_units(tmp_path):
+    """Issue 38: the CLI printed the validation MSE as "final_val_loss", and the record kept no target scale. The
+    record has the mean and std the target was standardised with; the CLI prints MSE, RMSE and RMSE in units."""
+    out = subprocess.run([sys.executable, "-m", "kanlib.train", "--task=feynman:I.6.2", "--widths=2,5,1",
+                          "--n_train=512", "--steps=4", "--warmup_steps=1", "--kan_impl=fast", f"--out_dir={tmp_path}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 0, out.stdout + out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    with open(last.split("record=")[1]) as f:
+        rec = json.load(f)
+    from kanlib.data import FeynmanRegression
+
+    data = FeynmanRegression("feynman:I.6.2", 512, rec["n_val"], 0)
+    assert (rec["target_mean"], rec["target_std"]) == (data.y_mean, data.y_std)
+    fields = dict(kv.split("=", 1) for kv in last.split()[1:])
+    rmse = math.sqrt(rec["final_val_loss"])
+    assert float(fields["val_mse"]) == pytest.approx(rec["final_val_loss"], rel=1e-5)
+    assert float(fields["val_rmse"]) == pytest.approx(rmse, rel=1e-5)
+    assert float(fields["val_rmse_target_units"]) == pytest.approx(rmse * data.y_std, rel=1e-5)
+    assert "final_val_loss" not in last
+
+
 LAUNCH_NOTEBOOKS = ["01_strong_scaling", "02_weak_scaling", "03_communication_overhead", "04_model_size_scaling",
                     "07_time_to_accuracy", "08_compounding"]
 
