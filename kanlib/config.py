@@ -361,8 +361,8 @@ class RunConfig(Config):
     runs and 2.3-2.6 ms in the rest; pinned, 2.1-2.3 ms in all 14 (docs/measurement.md)."""
     precision: Precision = "fp32"
     """fp32; bf16 autocast with float32 master weights; or fp64: data, parameters, gradients, loss, optimizer state
-    and DDP's all-reduce in float64 (as KAN users fit, pykan's tutorials among them: about 2x the float32 step time on
-    CPU, much more on most GPUs)."""
+    and DDP's all-reduce in float64, as KAN users fit (pykan's tutorials set float64 as torch's default dtype); twice
+    the bytes of fp32 per number, and on most GPUs a fraction of its arithmetic throughput."""
     parallelism: Parallelism = "ddp"
     """Data parallelism: ddp (replicated parameters, all-reduced gradients) or fsdp (parameters,
     gradients and optimizer state sharded across ranks with torch.distributed.fsdp.fully_shard)."""
