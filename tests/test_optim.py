@@ -199,7 +199,7 @@ def test_cubic_interpolation_through_an_infinite_loss_is_the_middle():
 
 def test_no_curvature_pair_spans_two_batches():
     """A mini-batch step's first gradient is of other samples than the last step's last one: their difference is
-    the batches' difference, not curvature (its pair scaled the next steps by up to 1e5 on digits and led the line
+    the batches' difference, not curvature (its pair scaled the next steps by up to 7e5 on digits and led the line
     search to losses of 1e25). With new_batch=True that pair is not formed; pairs within a step are."""
     g = torch.Generator().manual_seed(0)
     batches = [torch.randn(64, 2, generator=g, dtype=torch.float64) for _ in range(2)]
