@@ -113,7 +113,7 @@ def _cli(tmp_path, *args: str) -> tuple[dict, list[float]]:
 
 @pytest.mark.slow
 def test_lbfgs_on_mini_batches_of_digits_does_not_diverge(tmp_path):
-    """Issue 34's case: L-BFGS (the default) on mini-batches of 256 of digits' 1438 training rows stopped with a
+    """Issue 34's case: L-BFGS (the default) on mini-batches of 256 of digits' 1024 training rows stopped with a
     non-finite loss (at step 17 here, 119 in the issue) as its line search followed a NaN trial; it trains now."""
     rec, losses = _cli(tmp_path, "--task=digits", "--widths=64,32,10", "--global_batch=256", "--steps=150")
     assert rec["optimizer"] == "lbfgs" and rec["global_batch"] == 256 and rec["n_skipped_steps"] == 0
