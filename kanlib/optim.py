@@ -23,12 +23,13 @@ not (nothing in the step draws random numbers).
 Mini-batches. L-BFGS's natural batch is the whole training set (``RunConfig.global_batch`` = 0, the default), where
 every step evaluates the same function. With a smaller batch each step's closure evaluates other samples, and two
 things torch's (and pykan's) L-BFGS does went wrong on digits (64-32-10, batches of 256 of 1024 training rows: a NaN
-loss at step 17 here, 119 in issue 34): (1) the first curvature pair of a step spans two batches, ``y = g_B(x_k) - g_A(x_k-1)``, the
-difference of two batches' gradients rather than curvature; it set the scaling ``H_diag`` up to 7e5 and trial steps
-reached losses of 1e25; ``step(new_batch=True)`` forms no such pair (the trainer passes it when the global batch is
-smaller than the training set). (2) The line search took a trial with a non-finite loss for progress and its cubic
-interpolation through it gave a NaN step length; here such a trial counts as overshooting (:func:`_strong_wolfe`).
-Neither changes a step whose losses are finite on one batch: full-batch iterates equal torch's to the bit.
+loss at step 17 here, 119 in issue 34): (1) the first curvature pair of a step spans two batches, ``y = g_B(x_k) -
+g_A(x_k-1)``, the difference of two batches' gradients rather than curvature; it set the scaling ``H_diag`` up to
+7e5 and trial steps reached losses of 1e25; ``step(new_batch=True)`` forms no such pair (the trainer passes it when
+the global batch is smaller than the training set). (2) The line search took a trial with a non-finite loss for
+progress and its cubic interpolation through it gave a NaN step length; here such a trial counts as overshooting
+(:func:`_strong_wolfe`). Neither changes a step whose losses are finite on one batch: full-batch iterates equal
+torch's to the bit.
 
 :attr:`LBFGS.last_evals` is the number of loss and gradient evaluations of the last step (the first
 one included): the cost of an L-BFGS step in forward and backward passes (1 for Adam or SGD).
