@@ -32,7 +32,7 @@ Model = Literal["kan", "kan_rbf", "kan_cheb", "mlp"]
 KanImpl = Literal["reference", "fast", "compiled"]
 Backend = Literal["auto", "gloo", "nccl"]
 Device = Literal["auto", "cpu", "cuda"]
-Precision = Literal["fp32", "bf16"]
+Precision = Literal["fp32", "bf16", "fp64"]
 CommHook = Literal["default", "timed", "noop", "bf16", "fp16", "powersgd"]
 NanPolicy = Literal["stop", "skip"]
 Optimizer = Literal["lbfgs", "adam", "sgd"]
@@ -323,9 +323,12 @@ class RunConfig(Config):
     """Held-out validation samples (bundled data sets and files: rows of the set; must leave training rows). 0 (the
     default): 2048, or for a bundled set a fifth of its rows if that is fewer (digits: 359, diabetes: 88); the
     config holds the number chosen."""
-    global_batch: int = 1024
-    """Samples per optimizer step summed over all processes; split evenly across ranks. The default is the whole
-    default training set: L-BFGS takes full-batch steps (pykan's recipe)."""
+    global_batch: int = 0
+    """Samples per optimizer step summed over all processes; split evenly across ranks. 0 (the default): the whole
+    training set (``n_train``, or the training rows of a data set or file), rounded down to a multiple of
+    ``nproc_per_node * nnodes * grad_accum_steps``; the config holds the number chosen. Full-batch steps are L-BFGS's
+    natural batch (pykan's recipe); a smaller batch gives L-BFGS a mini-batch per step (kanlib.optim: no curvature
+    pair spans two batches, and its line search backs off from non-finite losses)."""
     steps: int = 30
     """Optimizer steps in total, warm-up included."""
     warmup_steps: int = 5
@@ -369,7 +372,9 @@ class RunConfig(Config):
     it. none: the OS always places it. Unpinned, 2-process runs on 2 cores took 3.2-4.0 ms per step in 4 of 14
     runs and 2.3-2.6 ms in the rest; pinned, 2.1-2.3 ms in all 14 (docs/measurement.md)."""
     precision: Precision = "fp32"
-    """fp32, or bf16 autocast with float32 master weights."""
+    """fp32; bf16 autocast with float32 master weights; or fp64: data, parameters, gradients, loss, optimizer state
+    and DDP's all-reduce in float64, as KAN users fit (pykan's tutorials set float64 as torch's default dtype); twice
+    the bytes of fp32 per number, and on most GPUs a fraction of its arithmetic throughput."""
     parallelism: Parallelism = "ddp"
     """Data parallelism: ddp (replicated parameters, all-reduced gradients) or fsdp (parameters,
     gradients and optimizer state sharded across ranks with torch.distributed.fsdp.fully_shard)."""
@@ -439,11 +444,13 @@ class RunConfig(Config):
             raise ConfigError(f"widths: need at least 2 entries (input, output), got {list(self.widths)}")
         if any(w <= 0 for w in self.widths):
             raise ConfigError(f"widths: every width must be positive, got {list(self.widths)}")
-        check_at_least(self, 1, "grid_size", "spline_order", "n_train", "n_val", "global_batch", "steps", "nnodes",
+        check_at_least(self, 1, "grid_size", "spline_order", "n_train", "n_val", "steps", "nnodes",
                        "nproc_per_node", "threads", "powersgd_rank", "grad_accum_steps", "lbfgs_max_iter",
                        "lbfgs_history")
         check_at_least(self, 0, "warmup_steps", "repeat", "seed", "grid_update_every", "checkpoint_every",
-                       "lr_base_batch", "lr_warmup_steps", "eval_every", "grid_update_until")
+                       "lr_base_batch", "lr_warmup_steps", "eval_every", "grid_update_until", "global_batch")
+        if self.global_batch == 0:
+            self.global_batch = self._whole_training_set()
         check_positive(self, "lr", "bucket_cap_mb", "pg_timeout_s")
         # torch seeds with 64-bit integers (the data's per-epoch seed is seed * 1_000_003 + epoch), and the process
         # group's timeout is a count of milliseconds: bounded here rather than overflowing in the run (issue 23)
@@ -489,6 +496,19 @@ class RunConfig(Config):
         from kanlib.data import check_task
 
         check_task(self)
+
+    def _whole_training_set(self) -> int:
+        """What ``global_batch=0`` stands for: the training rows, rounded down to a multiple of the processes times
+        the micro-batches, so that every rank's micro-batches are equal."""
+        from kanlib.data import training_rows  # imports torch: late, as check_task
+
+        rows = training_rows(self)
+        unit = self.world_size * self.grad_accum_steps
+        if rows < unit:
+            raise ConfigError(f"global_batch: 0 stands for the whole training set, {rows} rows, fewer than the "
+                              f"{self.world_size} processes x {self.grad_accum_steps} micro-batches; set n_train "
+                              f"or global_batch")
+        return rows // unit * unit
 
     def _validate_grid_extension(self) -> None:
         sizes = (self.grid_size, *self.grid_extension)

@@ -38,6 +38,12 @@ import torch
 
 from kanlib.errors import ConfigError
 
+def training_dtype(precision: str) -> torch.dtype:
+    """The dtype of a run's data, parameters and loss for ``RunConfig.precision``: float64 for fp64, else float32
+    (bf16 autocasts the matrix products of a float32 model)."""
+    return torch.float64 if precision == "fp64" else torch.float32
+
+
 # -- synthetic regression ------------------------------------------------------------------------------
 # Inputs of fixed width for the tasks that have one (``highdim`` takes widths[0]).
 TASK_INPUT_DIM = {"exp_sin": 2, "product": 2}
@@ -294,7 +300,8 @@ def split_columns(names: list[str], target_column: str, path: str) -> tuple[list
 
 
 def _read_csv(path: str, target_column: str):
-    """``(table (rows, columns) float64 ndarray, column names, feature column indices, target index)``.
+    """``(table (rows, columns) float64 ndarray, column names, feature column indices, target index, each data
+    row's line of the file)``.
 
     The csv module splits the rows; numpy converts the whole table at once (the same conversion as
     ``float()``). Only when that fails, or a value is not finite, are the rows walked one by one to name
@@ -322,7 +329,7 @@ def _read_csv(path: str, target_column: str):
         table = None
     if table is None or not np.isfinite(table).all():
         _raise_first_bad_value(path, names, rows, lines)
-    return table, names, features, t
+    return table, names, features, t, lines
 
 
 def _raise_first_bad_value(path: str, names: list[str], rows: list[list[str]], lines: list[int]) -> None:
@@ -415,6 +422,13 @@ def read_table(path: str, target_column: str = "") -> tuple[torch.Tensor, torch.
     A missing, non-numeric or non-finite value (inf, -inf, nan, empty), or a row with the wrong number
     of values, is an error naming the file, the data row (and for CSV the line) and the column.
     """
+    x, y, names, _, _ = _read_table(path, target_column)
+    return x, y, names
+
+
+def _read_table(path: str, target_column: str):
+    """:func:`read_table`'s ``x, y, feature names``, the target's name, and each data row's line of the file (CSV;
+    None for NPZ, whose rows are array rows)."""
     import numpy as np
 
     if path.endswith(".npz"):
@@ -424,10 +438,10 @@ def read_table(path: str, target_column: str = "") -> tuple[torch.Tensor, torch.
         names = [f"x{i}" for i in range(x.shape[1])]
         _first_non_finite(x, path, "x", names)
         _first_non_finite(y[:, 0], path, "y")
-        return torch.from_numpy(x), torch.from_numpy(y), names
-    table, names, features, t = _read_csv(path, target_column)
+        return torch.from_numpy(x), torch.from_numpy(y), names, "y", None
+    table, names, features, t, lines = _read_csv(path, target_column)
     return (torch.from_numpy(np.ascontiguousarray(table[:, features])),
-            torch.from_numpy(np.ascontiguousarray(table[:, [t]])), [names[i] for i in features])
+            torch.from_numpy(np.ascontiguousarray(table[:, [t]])), [names[i] for i in features], names[t], lines)
 
 
 @functools.lru_cache(maxsize=64)
@@ -451,23 +465,28 @@ def file_features(path: str, target_column: str = "") -> list[str]:
 class Dataset:
     """Training and validation tensors, and the per-rank shard of each global batch.
 
-    x_train: ``(n_train, in_dim)`` float32, x_val: ``(n_val, in_dim)``; the targets are
-    :class:`RegressionData`'s ``(n, 1)`` float32 or :class:`ClassificationData`'s ``(n,)`` int64 labels.
-    All tensors live on the CPU; the trainer moves each shard to its device.
+    x_train: ``(n_train, in_dim)``, x_val: ``(n_val, in_dim)``, in the training dtype (:func:`training_dtype`:
+    float32, or float64 for fp64); the targets are :class:`RegressionData`'s ``(n, 1)`` of the same dtype or
+    :class:`ClassificationData`'s ``(n,)`` int64 labels. All tensors live on the CPU; the trainer moves each shard
+    to its device. ``y_mean``, ``y_std``: what a standardised regression target was standardised with (None when the
+    target is used as it is: synthetic tasks, classification).
     """
 
     kind = ""
     chance_accuracy: float | None = None
+    y_mean: float | None = None
+    y_std: float | None = None
 
     def __init__(self, x_train, y_train, x_val, y_val, seed: int, task: str = ""):
         self.x_train, self.y_train, self.x_val, self.y_val = x_train, y_train, x_val, y_val
         self.task, self.seed = task, seed
-        self.in_dim = x_train.shape[1]
+        self.in_dim, self.dtype = x_train.shape[1], x_train.dtype
         self.n_train, self.n_val = x_train.shape[0], x_val.shape[0]
         self._perm_epoch, self._perm = -1, None
 
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The training loss of predictions ``out: (b, out_dim)`` against targets ``y``: a float32 scalar."""
+        """The training loss of predictions ``out: (b, out_dim)`` against targets ``y``: a scalar of the data's
+        dtype (a bf16 output is cast up)."""
         raise NotImplementedError
 
     def _val_sums(self, out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -494,7 +513,7 @@ class Dataset:
             n = len(xb)
             if pad and n < chunk:  # the first rows again, cycling when the set is smaller than one chunk
                 xb = torch.cat([xb, self.x_val[torch.arange(chunk - n) % self.n_val].to(device)])
-            s, c = self._val_sums(model(xb)[:n].float(), yb)
+            s, c = self._val_sums(model(xb)[:n].to(self.dtype), yb)
             loss_sum += s
             if c is not None:
                 correct += c
@@ -530,12 +549,12 @@ class Dataset:
 
 
 class RegressionData(Dataset):
-    """Regression: ``y`` is ``(n, 1)`` float32; the loss is the mean squared error."""
+    """Regression: ``y`` is ``(n, 1)`` of the data's dtype; the loss is the mean squared error."""
 
     kind = "regression"
 
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.mse_loss(out.float(), y)
+        return torch.nn.functional.mse_loss(out.to(y.dtype), y)
 
     def _val_sums(self, out, y):
         return torch.nn.functional.mse_loss(out, y, reduction="sum").double(), None
@@ -559,7 +578,7 @@ class ClassificationData(Dataset):
         self.chance_accuracy = float((y_val == majority).double().mean())
 
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(out.float(), y)
+        return torch.nn.functional.cross_entropy(out.to(self.dtype), y)
 
     def _val_sums(self, out, y):
         s = torch.nn.functional.cross_entropy(out, y, reduction="sum").double()
@@ -569,9 +588,9 @@ class ClassificationData(Dataset):
 class SyntheticRegression(RegressionData):
     """A synthetic task on inputs uniform in ``[-1, 1]^in_dim``, generated from ``seed``."""
 
-    def __init__(self, task: str, in_dim: int, n_train: int, n_val: int, seed: int):
+    def __init__(self, task: str, in_dim: int, n_train: int, n_val: int, seed: int, dtype=torch.float32):
         g = torch.Generator().manual_seed(seed)
-        x = torch.rand(n_train + n_val, in_dim, generator=g) * 2 - 1  # (n, d) uniform on [-1, 1]
+        x = torch.rand(n_train + n_val, in_dim, generator=g, dtype=dtype) * 2 - 1  # (n, d) uniform on [-1, 1]
         y = target(task, x)
         super().__init__(x[:n_train], y[:n_train], x[n_train:], y[n_train:], seed, task)
 
@@ -582,10 +601,10 @@ class FeynmanRegression(RegressionData):
     Each variable is uniform on its range ``[low, high]`` of the suite; the feature is the variable
     scaled to ``[-1, 1]`` by that range (``2 (v - low) / (high - low) - 1``), and the target is the
     formula's value standardised with the training samples' mean and standard deviation
-    (``y_mean``, ``y_std`` keep them). Computed in float64, stored as float32.
+    (``y_mean``, ``y_std`` keep them). Computed in float64, stored in ``dtype``.
     """
 
-    def __init__(self, task: str, n_train: int, n_val: int, seed: int):
+    def __init__(self, task: str, n_train: int, n_val: int, seed: int, dtype=torch.float32):
         eq = feynman_equation(task)
         g = torch.Generator().manual_seed(seed)
         u = torch.rand(n_train + n_val, eq.in_dim, generator=g, dtype=torch.float64) * 2 - 1
@@ -596,10 +615,10 @@ class FeynmanRegression(RegressionData):
         if not torch.isfinite(y).all():  # the ranges keep every formula finite; a bug if not
             raise RuntimeError(f"{task}: the formula gave non-finite values on its own ranges")
         mu, sd = y[:n_train].mean(), y[:n_train].std().clamp_min(1e-12)
-        ys = ((y - mu) / sd).float()
+        ys = ((y - mu) / sd).to(dtype)
         self.equation, self.feature_names = eq, [v[0] for v in eq.variables]
         self.y_mean, self.y_std = float(mu), float(sd)
-        super().__init__(u[:n_train].float(), ys[:n_train], u[n_train:].float(), ys[n_train:], seed, task)
+        super().__init__(u[:n_train].to(dtype), ys[:n_train], u[n_train:].to(dtype), ys[n_train:], seed, task)
 
 
 def _split(n: int, n_train: int, n_val: int, seed: int, source: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -611,22 +630,81 @@ def _split(n: int, n_train: int, n_val: int, seed: int, source: str) -> tuple[to
 
 
 def _scale_features(x: torch.Tensor, tr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``x`` scaled so the training rows span ``[-1, 1]`` per feature (a constant feature maps to -1)."""
+    """``x`` (float64) scaled so the training rows span ``[-1, 1]`` per feature (a constant feature maps to -1),
+    still float64."""
     lo, hi = x[tr].min(dim=0).values, x[tr].max(dim=0).values
     span = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
-    return ((x - lo) / span * 2 - 1).float(), lo, span
+    return (x - lo) / span * 2 - 1, lo, span
+
+
+@dataclass(frozen=True)
+class RowNames:
+    """How errors name a row of real data: ``source`` (a file, or ``task 'digits'``) and, for a CSV file, the line
+    of each data row."""
+
+    source: str
+    lines: list[int] | None = None
+
+    def __call__(self, i: int) -> str:
+        line = f" (line {self.lines[i]} of the file)" if self.lines else ""
+        return f"{self.source}: data row {i + 1}{line}"
+
+
+def check_scaled(raw: torch.Tensor, scaled: torch.Tensor, rows: torch.Tensor, names: list[str], where: RowNames,
+                 dtype: torch.dtype, how: str) -> None:
+    """Refuse, naming the row and column of the first such cell in file order, a value of ``rows`` (``raw``, float64,
+    and its scaled value ``scaled``: both ``(n, columns)``) the run cannot train on in ``dtype``: a value beyond
+    ``dtype``'s range, or a scaled value that is not finite or so large that its square (a squared error) overflows
+    ``dtype``. A finite outlier (1e308 in a CSV) passes the file's own float64 check, but in float32, or scaled with
+    the training rows' statistics, it is infinite, and the run would end in non-finite losses that blame the
+    training, not the data."""
+    kind = str(dtype).split(".")[-1]
+    big = torch.finfo(dtype).max
+    limit = math.sqrt(big)  # float32: 1.8e19; float64: 1.3e154
+    used = torch.zeros(raw.shape[0], dtype=torch.bool)
+    used[rows] = True
+    too_big = ~(raw.abs() <= big)
+    bad = (too_big | ~(scaled.abs() <= limit)) & used.unsqueeze(1)  # NaN counts as bad
+    if not bool(bad.any()):
+        return
+    r, c = bad.nonzero()[0].tolist()
+    where = f"{where(r)}, column {names[c]!r}: {raw[r, c].item()!r}"
+    if too_big[r, c]:
+        raise ValueError(f"{where} is beyond {kind}'s range (|value| <= {big:.4g}), the training precision; remove or "
+                         f"correct the outlier")
+    raise ValueError(f"{where} {how} is {scaled[r, c].item():.4g}, beyond what training in {kind} holds "
+                     f"(|value| <= {limit:.3g}, so that a squared error stays finite); remove or correct the outlier")
+
+
+def standardise_target(y: torch.Tensor, tr: torch.Tensor, name: str, where: RowNames) -> tuple[float, float]:
+    """Mean and standard deviation of the training rows of ``y: (n, 1)`` float64 (the std at least 1e-12), or an
+    error naming the training row with the largest value when they overflow float64."""
+    mu, sd = y[tr].mean(), y[tr].std().clamp_min(1e-12)
+    if not (math.isfinite(float(mu)) and math.isfinite(float(sd))):
+        r = int(tr[y[tr, 0].abs().argmax()])
+        raise ValueError(f"{where(r)}, column {name!r}: {y[r, 0].item()!r} makes the training rows' mean or standard "
+                         f"deviation overflow float64 (mean {float(mu):g}, std {float(sd):g}); the target cannot be "
+                         f"standardised: remove or correct the outlier")
+    return float(mu), float(sd)
 
 
 class TableRegression(RegressionData):
-    """Regression on a table of real data (a file or a bundled set), split and scaled (module docstring)."""
+    """Regression on a table of real data (a file or a bundled set), split and scaled (module docstring). Every
+    feature and the standardised target of the rows used must fit ``dtype`` (:func:`check_scaled`)."""
 
-    def __init__(self, x, y, names: list[str], n_train: int, n_val: int, seed: int, task: str, source: str):
-        tr, va = _split(x.shape[0], n_train, n_val, seed, source)
+    def __init__(self, x, y, names: list[str], n_train: int, n_val: int, seed: int, task: str, where: RowNames,
+                 target_name: str = "target", dtype=torch.float32):
+        tr, va = _split(x.shape[0], n_train, n_val, seed, where.source)
+        used = torch.cat([tr, va])
         xs, lo, span = _scale_features(x, tr)
-        mu, sd = y[tr].mean(), y[tr].std().clamp_min(1e-12)
-        ys = ((y - mu) / sd).float()
+        check_scaled(x, xs, used, names, where, dtype, "scaled to the training rows' range [-1, 1]")
+        mu, sd = standardise_target(y, tr, target_name, where)
+        ys = (y - mu) / sd
+        check_scaled(y, ys, used, [target_name], where, dtype,
+                     f"standardised with the training rows' mean {mu:.4g} and std {sd:.4g}")
         self.feature_names, self.x_scale = names, (lo, span)
-        self.y_mean, self.y_std = float(mu), float(sd)
+        self.y_mean, self.y_std = mu, sd
+        xs, ys = xs.to(dtype), ys.to(dtype)
         super().__init__(xs[tr], ys[tr], xs[va], ys[va], seed, task)
 
 
@@ -634,21 +712,24 @@ class FileRegression(TableRegression):
     """Real data from a CSV or NPZ file (:func:`read_table`), split into training and validation rows by
     ``seed``: the last ``n_val`` rows of a seeded shuffle validate, at most ``n_train`` of the rest train."""
 
-    def __init__(self, path: str, target_column: str, n_train: int, n_val: int, seed: int):
-        x, y, names = read_table(path, target_column)
+    def __init__(self, path: str, target_column: str, n_train: int, n_val: int, seed: int, dtype=torch.float32):
+        x, y, names, target_name, lines = _read_table(path, target_column)
         self.path = path
-        super().__init__(x, y, names, n_train, n_val, seed, "file", path)
+        super().__init__(x, y, names, n_train, n_val, seed, "file", RowNames(path, lines), target_name, dtype)
 
 
-def bundled_dataset(name: str, n_train: int, n_val: int, seed: int) -> Dataset:
+def bundled_dataset(name: str, n_train: int, n_val: int, seed: int, dtype=torch.float32) -> Dataset:
     """A scikit-learn bundled set, split by ``seed`` (n_val validation rows, at most n_train training rows)
     and scaled with training statistics: :class:`ClassificationData` for digits, regression for diabetes."""
     spec = BUNDLED[name]
     x, y, names = spec.load()
+    where = RowNames(f"task {name!r}")
     if not spec.n_classes:
-        return TableRegression(x, y, names, n_train, n_val, seed, name, f"task {name!r}")
-    tr, va = _split(x.shape[0], n_train, n_val, seed, f"task {name!r}")
+        return TableRegression(x, y, names, n_train, n_val, seed, name, where, dtype=dtype)
+    tr, va = _split(x.shape[0], n_train, n_val, seed, where.source)
     xs, _, _ = _scale_features(x, tr)
+    check_scaled(x, xs, torch.cat([tr, va]), names, where, dtype, "scaled to the training rows' range [-1, 1]")
+    xs = xs.to(dtype)
     data = ClassificationData(xs[tr], y[tr], xs[va], y[va], seed, name, spec.n_classes)
     data.feature_names = names
     return data
@@ -742,19 +823,49 @@ def check_task(cfg) -> None:
         raise ConfigError(f"global_batch: {cfg.global_batch} exceeds the {s.train_rows} training rows of {s.what}")
 
 
+def training_rows(cfg) -> int:
+    """The training rows a run of ``cfg`` gets: ``n_train``, or at most that many of a data set's or file's rows
+    (those ``n_val`` leaves). A CSV file's rows are counted, with the parser of :func:`read_table`, once per file
+    version: only ``global_batch=0`` needs them before the run reads the file."""
+    s = task_shape(cfg)
+    if s.train_rows is not None:
+        return s.train_rows
+    st = os.stat(cfg.data_path)
+    try:
+        rows = _csv_rows(cfg.data_path, st.st_mtime_ns, st.st_size)
+    except ValueError as e:
+        raise ConfigError(f"data_path: {e}") from None
+    if cfg.n_val >= rows:
+        raise ConfigError(f"n_val: {cfg.data_path} has {rows} rows; n_val={cfg.n_val} leaves none to train on")
+    return min(cfg.n_train, rows - cfg.n_val)
+
+
+@functools.lru_cache(maxsize=64)
+def _csv_rows(path: str, mtime_ns: int, size: int) -> int:
+    """Data rows of a CSV file (blank lines are not rows), without converting a value; cached per file version."""
+    try:
+        with _open_csv(path) as f:
+            reader = _csv_reader(f)
+            next(reader, None)  # the header
+            return sum(1 for row in reader if row)
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"{path}: cannot read as CSV: {e}") from None
+
+
 def make_dataset(cfg) -> Dataset:
     """The dataset of a :class:`kanlib.config.RunConfig`; checks that it fits the model and batch."""
+    dtype = training_dtype(cfg.precision)
     if cfg.task == "file":
-        data = FileRegression(cfg.data_path, cfg.target, cfg.n_train, cfg.n_val, cfg.seed)
+        data = FileRegression(cfg.data_path, cfg.target, cfg.n_train, cfg.n_val, cfg.seed, dtype)
         if data.in_dim != cfg.widths[0]:
             raise ValueError(f"widths: {cfg.data_path} has {data.in_dim} features "
                              f"({', '.join(data.feature_names)}), but widths[0]={cfg.widths[0]}")
     elif cfg.task in BUNDLED:
-        data = bundled_dataset(cfg.task, cfg.n_train, cfg.n_val, cfg.seed)
+        data = bundled_dataset(cfg.task, cfg.n_train, cfg.n_val, cfg.seed, dtype)
     elif cfg.task.startswith(FEYNMAN_PREFIX):
-        data = FeynmanRegression(cfg.task, cfg.n_train, cfg.n_val, cfg.seed)
+        data = FeynmanRegression(cfg.task, cfg.n_train, cfg.n_val, cfg.seed, dtype)
     else:
-        data = SyntheticRegression(cfg.task, cfg.widths[0], cfg.n_train, cfg.n_val, cfg.seed)
+        data = SyntheticRegression(cfg.task, cfg.widths[0], cfg.n_train, cfg.n_val, cfg.seed, dtype)
     if cfg.global_batch > data.n_train:
         raise ValueError(f"global_batch: {cfg.global_batch} exceeds the {data.n_train} training rows")
     return data

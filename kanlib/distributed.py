@@ -205,17 +205,34 @@ def _set_affinity_of_threads(cpus: list[int]) -> None:
             os.sched_setaffinity(tid, cpus)
 
 
+def check_launch(cfg) -> None:
+    """Refuse a config whose processes are not the ones launched: one process without a launcher for an N-process
+    config, or a launcher's ``WORLD_SIZE`` other than ``nnodes x nproc_per_node`` (``torchrun --nproc-per-node 2``
+    without ``--nproc_per_node=2``). Cheap and collective-free, so the entry point checks it before it creates the
+    run's folder: a mismatch leaves nothing behind."""
+    if "RANK" not in os.environ:
+        if cfg.world_size != 1:
+            # one process would train and file its result as an N-process run (issue 23)
+            raise ConfigError(
+                f"nproc_per_node: nnodes x nproc_per_node = {cfg.nnodes} x {cfg.nproc_per_node} processes, but "
+                f"this is one process without a launcher (RANK is unset); start it with torchrun or "
+                f"runners.launch.run, or set nnodes=1 nproc_per_node=1")
+        return
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != cfg.world_size:
+        raise ConfigError(
+            f"nproc_per_node: the launcher started WORLD_SIZE={world} processes, but the config asks for nnodes x "
+            f"nproc_per_node = {cfg.nnodes} x {cfg.nproc_per_node} = {cfg.world_size}; torchrun's own "
+            f"--nproc-per-node/--nnodes do not set the config's: pass the same numbers as --nnodes=N "
+            f"--nproc_per_node=P after the module (runners.launch.run does both)")
+
+
 def setup(cfg) -> DistInfo:
     """Initialise the process group (if launched by torchrun) and pick this rank's device.
 
     Pins the process to CPUs of its own first (:func:`pin_cpus`), so gloo's and OpenMP's threads, started
     later, inherit it."""
-    if "RANK" not in os.environ and cfg.world_size != 1:
-        # one process would train and file its result as an N-process run (issue 23)
-        raise ConfigError(
-            f"nproc_per_node: nnodes x nproc_per_node = {cfg.nnodes} x {cfg.nproc_per_node} processes, but "
-            f"this is one process without a launcher (RANK is unset); start it with torchrun or "
-            f"runners.launch.run, or set nnodes=1 nproc_per_node=1")
+    check_launch(cfg)
     device = resolve_device(cfg.device)
     pin_cpus(cfg, device)
     torch.set_num_threads(cfg.threads)
@@ -227,10 +244,6 @@ def setup(cfg) -> DistInfo:
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ["WORLD_SIZE"])
-    if world != cfg.world_size:
-        raise RuntimeError(
-            f"WORLD_SIZE={world} from the launcher does not match the config's "
-            f"nnodes x nproc_per_node = {cfg.nnodes} x {cfg.nproc_per_node}")
     backend = resolve_backend(cfg.backend, device)
     if backend == "nccl":
         os.environ.update(nccl_env(getattr(cfg, "nccl_algo", ""), getattr(cfg, "nccl_proto", "")))

@@ -654,12 +654,19 @@ def _pointwise_features_and_grad_x(gf, x, shift, inv_h, n_coeff: int, terms):
             _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, terms))
 
 
+def _base_grad(gw):
+    """``(out, in)`` gradient of base_weight from ``gw: (out, 1 + C, in)``, cloned with the parameter's strides, not
+    made ``.contiguous()``: for one output, ``gw[:, 0]`` counts as contiguous with strides ``((1 + C) * in, 1)``, and
+    DDP copied it into its bucket with a warning ("Grad strides do not match bucket view strides") every run."""
+    return gw[:, 0].clone(memory_format=torch.contiguous_format)
+
+
 def _weight_grads(gw, spline_weight, spline_scaler):
     """``(out, in)``, ``(out, in, C)``, ``(out, in)`` gradients of base, spline and scaler from the
     coefficient-major fused weight's gradient ``gw: (out, 1 + C, in)``, contiguous in the parameters'
     layout (strided gradients would make gradient accumulation slow)."""
     g_scaled = gw[:, 1:].transpose(1, 2)  # (out, in, C)
-    return (gw[:, 0].contiguous(), (g_scaled * spline_scaler.unsqueeze(-1)).contiguous(),
+    return (_base_grad(gw), (g_scaled * spline_scaler.unsqueeze(-1)).contiguous(),
             (g_scaled * spline_weight).sum(-1))
 
 
@@ -678,7 +685,7 @@ def _small_out_grads(f, grad_x_of, g, w3, spline_weight, spline_scaler, need_x: 
     if need_x:
         grad_x = grad_x_of((g[:, :, None, None] * w3).sum(1))  # gf: (batch, 1 + C, in), fused away
     if spline_scaler is None:
-        return grad_x, gw[:, 0].contiguous(), gw[:, 1:].transpose(1, 2).contiguous(), None
+        return grad_x, _base_grad(gw), gw[:, 1:].transpose(1, 2).contiguous(), None
     return (grad_x, *_weight_grads(gw, spline_weight, spline_scaler))
 
 
@@ -1047,7 +1054,7 @@ class _CompiledKAN(torch.autograd.Function):
             return grad_x, None, None, None, None, None, None
         gw = gw.view(n_out, 1 + n_coeff, n_in)
         if spline_scaler is None:
-            return grad_x, gw[:, 0].contiguous(), gw[:, 1:].transpose(1, 2).contiguous(), None, None, None, None
+            return grad_x, _base_grad(gw), gw[:, 1:].transpose(1, 2).contiguous(), None, None, None, None
         grad_base, grad_spline, grad_scaler = _call(paths, _weight_grads, gw, spline_weight, spline_scaler)
         return grad_x, grad_base, grad_spline, grad_scaler, None, None, None
 

@@ -181,7 +181,7 @@ def estimate_memory_bytes(cfg) -> dict[str, int]:
     model is built), by the field that sets each part: ``widths`` (parameters, gradients and optimizer states:
     ``grid_size + spline_order`` coefficients and two more weights per edge of a KAN, the finest grid of
     ``grid_extension``), ``global_batch`` (the spline bases of one micro-batch and their gradients) and
-    ``n_train`` (every process holds the whole data set). 4 bytes a number."""
+    ``n_train`` (every process holds the whole data set). 4 bytes a number (8 under ``precision=fp64``)."""
     coeff = max((cfg.grid_size, *cfg.grid_extension)) + cfg.spline_order
     edges = [(a, b) for a, b in zip(cfg.widths, cfg.widths[1:])]
     if cfg.model == "mlp":
@@ -192,8 +192,9 @@ def estimate_memory_bytes(cfg) -> dict[str, int]:
         per_sample = sum(a * coeff + b for a, b in edges)
     states = 2 * cfg.lbfgs_history + 2 if cfg.optimizer == "lbfgs" else 2 if cfg.optimizer == "adam" else 0
     micro = max(1, cfg.global_batch // (cfg.world_size * cfg.grad_accum_steps))
-    return {"widths": 4 * params * (2 + states), "global_batch": 4 * 2 * micro * per_sample,
-            "n_train": 4 * (cfg.n_train + cfg.n_val) * (cfg.widths[0] + cfg.widths[-1])}
+    size = 8 if cfg.precision == "fp64" else 4
+    return {"widths": size * params * (2 + states), "global_batch": size * 2 * micro * per_sample,
+            "n_train": size * (cfg.n_train + cfg.n_val) * (cfg.widths[0] + cfg.widths[-1])}
 
 
 def process_start_time() -> float:

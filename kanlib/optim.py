@@ -20,12 +20,24 @@ times them as the step's forward and backward and checks them for NaN first), wh
 step's evaluations. pykan also reseeds torch's RNG at each step (``torch.manual_seed(0)``); kanlib does
 not (nothing in the step draws random numbers).
 
+Mini-batches. L-BFGS's natural batch is the whole training set (``RunConfig.global_batch`` = 0, the default), where
+every step evaluates the same function. With a smaller batch each step's closure evaluates other samples, and two
+things torch's (and pykan's) L-BFGS does went wrong on digits (64-32-10, batches of 256 of 1024 training rows: a NaN
+loss at step 17 here, 119 in issue 34): (1) the first curvature pair of a step spans two batches, ``y = g_B(x_k) -
+g_A(x_k-1)``, the difference of two batches' gradients rather than curvature; it set the scaling ``H_diag`` up to
+7e5 and trial steps reached losses of 1e25; ``step(new_batch=True)`` forms no such pair (the trainer passes it when
+the global batch is smaller than the training set). (2) The line search took a trial with a non-finite loss for
+progress and its cubic interpolation through it gave a NaN step length; here such a trial counts as overshooting
+(:func:`_strong_wolfe`). Neither changes a step whose losses are finite on one batch: full-batch iterates equal
+torch's to the bit.
+
 :attr:`LBFGS.last_evals` is the number of loss and gradient evaluations of the last step (the first
 one included): the cost of an L-BFGS step in forward and backward passes (1 for Adam or SGD).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -128,10 +140,12 @@ class LBFGS(Optimizer):
         return loss, flat_grad
 
     @torch.no_grad()
-    def step(self, closure, loss: float | None = None) -> float:
+    def step(self, closure, loss: float | None = None, new_batch: bool = False) -> float:
         """One L-BFGS step of up to ``max_iter`` iterations (``max_eval`` evaluations); returns the loss at its
         start. ``loss``: the loss of the current parameters, whose gradients are already in ``.grad`` (the
-        caller's forward and backward); None: the closure evaluates them first."""
+        caller's forward and backward); None: the closure evaluates them first. ``new_batch``: the closure
+        evaluates other samples than the last step's (a mini-batch), so no curvature pair is formed across the two
+        steps (module docstring)."""
         group = self.param_groups[0]
         lr, max_iter, max_eval = group["lr"], group["max_iter"], group["max_eval"]
         tolerance_grad, tolerance_change = group["tolerance_grad"], group["tolerance_change"]
@@ -159,6 +173,7 @@ class LBFGS(Optimizer):
         H_diag, prev_flat_grad, prev_loss = state.get("H_diag"), state.get("prev_flat_grad"), state.get("prev_loss")
 
         n_iter = 0
+        across_batches = new_batch  # this step's first gradient and the last step's are of different samples
         while n_iter < max_iter:
             n_iter += 1
             state["n_iter"] += 1
@@ -170,7 +185,7 @@ class LBFGS(Optimizer):
             else:
                 y, s = flat_grad.sub(prev_flat_grad), d.mul(t)
                 ys = ops.dot(y, s)
-                if ys > tolerance_ys:
+                if ys > tolerance_ys and not across_batches:
                     if len(old_dirs) == history_size:
                         old_dirs.pop(0)
                         old_stps.pop(0)
@@ -180,6 +195,7 @@ class LBFGS(Optimizer):
                     ro.append(1.0 / ys)
                     H_diag = ys / ops.dot(y, y)
                 d = _two_loop(ops, flat_grad, old_dirs, old_stps, ro, H_diag)
+            across_batches = False
             if prev_flat_grad is None:
                 prev_flat_grad = flat_grad.clone(memory_format=torch.contiguous_format)
             else:
@@ -189,7 +205,7 @@ class LBFGS(Optimizer):
             # -- the step length: a strong Wolfe line search from t = lr (the very first: min(1, 1/|g|_1) lr)
             t = min(1.0, 1.0 / ops.abs_sum(flat_grad)) * lr if state["n_iter"] == 1 else lr
             gtd = ops.dot(flat_grad, d)
-            if gtd > -tolerance_change:
+            if not gtd < -tolerance_change:  # not a descent direction (or not finite): no step
                 break
             x_init = self._clone()
 
@@ -232,7 +248,9 @@ def _two_loop(ops, flat_grad, old_dirs, old_stps, ro, H_diag):
 
 # -- the line search: torch's / pykan's, with the reductions of _Ops ----------------------------------------
 def _cubic_interpolate(x1, f1, g1, x2, f2, g2, bounds=None):
-    """Minimiser of the cubic through (x1, f1, g1), (x2, f2, g2), clipped to ``bounds`` (torch's)."""
+    """Minimiser of the cubic through (x1, f1, g1), (x2, f2, g2), clipped to ``bounds`` (torch's); the middle of
+    the bounds where there is none, or where it is not finite (an end at an infinite loss, or an overflow: torch
+    returns NaN there, and ``min``/``max`` pass a NaN through)."""
     if bounds is not None:
         xmin_bound, xmax_bound = bounds
     else:
@@ -245,18 +263,32 @@ def _cubic_interpolate(x1, f1, g1, x2, f2, g2, bounds=None):
             min_pos = x2 - (x2 - x1) * ((g2 + d2 - d1) / (g2 - g1 + 2 * d2))
         else:
             min_pos = x1 - (x1 - x2) * ((g1 + d2 - d1) / (g1 - g2 + 2 * d2))
-        return min(max(min_pos, xmin_bound), xmax_bound)
+        if math.isfinite(float(min_pos)):
+            return min(max(min_pos, xmin_bound), xmax_bound)
     return (xmin_bound + xmax_bound) / 2.0
 
 
 def _strong_wolfe(obj_func, x, t, d, f, g, gtd, ops: _Ops, c1=1e-4, c2=0.9, tolerance_change=1e-9, max_ls=25):
     """Step length satisfying the strong Wolfe conditions (torch's ``_strong_wolfe``, its dot products and
-    max through ``ops``); returns ``(f_new, g_new, t, evaluations)``."""
+    max through ``ops``); returns ``(f_new, g_new, t, evaluations)``.
+
+    Unlike torch's, a trial point whose loss or directional derivative is not finite counts as overshooting
+    (loss +inf: the step is too long), and a bracket with such an end is bisected (:func:`_cubic_interpolate`).
+    torch's comparisons with NaN are all false, so there a NaN trial extrapolated to ten times the step, and a cubic
+    through an infinite loss gave a NaN step that turned every parameter into NaN. With the guard the search
+    returns a finite point, or its start (step 0) when it found none."""
     d_norm = ops.abs_max(d)
     g = g.clone(memory_format=torch.contiguous_format)
-    f_new, g_new = obj_func(x, t, d)
+
+    def evaluate(t):
+        f_t, g_t = obj_func(x, t, d)
+        gtd_t = ops.dot(g_t, d)
+        if not (math.isfinite(f_t) and bool(torch.isfinite(gtd_t))):
+            return math.inf, g_t, gtd_t
+        return f_t, g_t, gtd_t
+
+    f_new, g_new, gtd_new = evaluate(t)
     ls_func_evals = 1
-    gtd_new = ops.dot(g_new, d)
 
     t_prev, f_prev, g_prev, gtd_prev = 0, f, g, gtd
     done = False
@@ -280,9 +312,8 @@ def _strong_wolfe(obj_func, x, t, d, f, g, gtd, ops: _Ops, c1=1e-4, c2=0.9, tole
         tmp = t
         t = _cubic_interpolate(t_prev, f_prev, gtd_prev, t, f_new, gtd_new, bounds=(min_step, max_step))
         t_prev, f_prev, g_prev, gtd_prev = tmp, f_new, g_new.clone(memory_format=torch.contiguous_format), gtd_new
-        f_new, g_new = obj_func(x, t, d)
+        f_new, g_new, gtd_new = evaluate(t)
         ls_func_evals += 1
-        gtd_new = ops.dot(g_new, d)
         ls_iter += 1
     if ls_iter == max_ls:  # reached the maximum number of extrapolations
         bracket, bracket_f, bracket_g = [0, t], [f, f_new], [g, g_new]
@@ -304,9 +335,8 @@ def _strong_wolfe(obj_func, x, t, d, f, g, gtd, ops: _Ops, c1=1e-4, c2=0.9, tole
                 insuf_progress = True
         else:
             insuf_progress = False
-        f_new, g_new = obj_func(x, t, d)
+        f_new, g_new, gtd_new = evaluate(t)
         ls_func_evals += 1
-        gtd_new = ops.dot(g_new, d)
         ls_iter += 1
         if f_new > (f + c1 * t * gtd) or f_new >= bracket_f[low_pos]:
             bracket[high_pos], bracket_f[high_pos] = t, f_new
@@ -356,18 +386,20 @@ def global_loss(loss: torch.Tensor, info) -> float:
         return float(loss)
     from kanlib import distributed
 
-    return float(distributed.all_reduce(loss.detach().float().reshape(1), info, "sum")) / info.world_size
+    wide = loss.detach().to(torch.promote_types(loss.dtype, torch.float32))  # float32, or float64 (fp64)
+    return float(distributed.all_reduce(wide.reshape(1), info, "sum")) / info.world_size
 
 
-def lbfgs_step(optimizer: LBFGS, forward_backward, loss: torch.Tensor, info, clock) -> None:
+def lbfgs_step(optimizer: LBFGS, forward_backward, loss: torch.Tensor, info, clock, new_batch: bool = False) -> None:
     """One L-BFGS step from the step's first evaluation (``loss``, gradients in ``.grad``). ``forward_backward()``
     re-evaluates the step's batch (forward and backward, timed by ``clock`` as those phases); the time between
-    evaluations (the line search's arithmetic, the loss all-reduce) counts as the optimizer phase."""
+    evaluations (the line search's arithmetic, the loss all-reduce) counts as the optimizer phase. ``new_batch``:
+    the step's batch holds other samples than the last step's (:meth:`LBFGS.step`)."""
     def closure() -> float:
         clock.mark("optimizer")
         return global_loss(forward_backward(), info)
 
-    optimizer.step(closure, loss=global_loss(loss, info))
+    optimizer.step(closure, loss=global_loss(loss, info), new_batch=new_batch)
 
 
 def gather_state(optimizer: LBFGS, info) -> dict:

@@ -343,6 +343,16 @@ class RunRecord:
         "validation accuracy after training (classification; null otherwise)"))
     chance_accuracy: float | None = field(default=None, metadata=_doc(
         "validation accuracy of always predicting the most frequent training class (classification; null otherwise)"))
+    target_mean: float | None = field(default=None, metadata=_doc(
+        "regression on a standardised target (Feynman equations, data sets, files): the training rows' mean it was "
+        "standardised with, in the target's units; null where the target is used as it is (synthetic tasks) and for "
+        "classification"))
+    target_std: float | None = field(default=None, metadata=_doc(
+        "... and their standard deviation: `sqrt(final_val_loss) * target_std` is the validation RMSE in the target's "
+        "units (null as `target_mean`)"))
+    param_dtype: str = field(default="", metadata=_doc(
+        "dtype the parameters were trained in: `float32` (fp32, and bf16's master weights) or `float64` (fp64); empty "
+        "in records written before it was recorded"))
     reached_target: bool | None = field(default=None, metadata=_doc(
         "whether the validation loss reached `target_val_loss` (null without a target)"))
     steps_to_target: int | None = field(default=None, metadata=_doc("optimizer steps until the target was reached"))

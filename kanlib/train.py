@@ -34,7 +34,7 @@ import torch.distributed as dist  # noqa: E402
 
 from kanlib import checkpoint, distributed, faults, grids, hooks, manifest, optim, records  # noqa: E402
 from kanlib.config import RunConfig  # noqa: E402
-from kanlib.data import make_dataset  # noqa: E402
+from kanlib.data import make_dataset, training_dtype  # noqa: E402
 from kanlib.distributed import AsyncFlag, DistInfo  # noqa: E402
 from kanlib.metrics import (InterferenceProbe, PhaseClock, combine_interference, device_memory,  # noqa: E402
                             model_state_bytes, peak_memory_bytes, release_host_memory, reset_peak_memory,
@@ -133,7 +133,7 @@ def start_or_resume(cfg: RunConfig, group: distributed.Group) -> Run:
     distributed.barrier(info)  # rank 0 has tidied the folder before anyone reads a checkpoint
     torch.manual_seed(cfg.seed)  # identical initialisation on every rank (DDP also broadcasts)
     data = make_dataset(cfg)
-    model = build_model(cfg).to(info.device)
+    model = build_model(cfg).to(info.device, training_dtype(cfg.precision))  # float64 parameters under fp64
     ck = checkpoint.load_latest(run_dir)
     if ck is not None:
         if ck.get("run_key") != cfg.run_key() or ck.get("world_size") != info.world_size:
@@ -274,7 +274,8 @@ def train_step(run: Run, step: int, sigterm: distributed.StopRequest) -> StepRow
     finite = _gradients_finite(run, loss)
     lbfgs = isinstance(run.optimizer, optim.LBFGS)
     if finite and lbfgs:  # its line search evaluates the batch again, every rank the same number of times
-        optim.lbfgs_step(run.optimizer, forward_backward, loss, info, clock)
+        optim.lbfgs_step(run.optimizer, forward_backward, loss, info, clock,
+                         new_batch=cfg.global_batch < run.data.n_train)
     elif finite:
         run.optimizer.step()
     elif not _agreed_after_timing(run):
@@ -545,6 +546,7 @@ def finish(run: Run) -> RunRecord | None:
         device_used_bytes=int(mem[2]) if used is not None else None,
         final_train_loss=float(combined["loss"][-1]), final_val_loss=final["val_loss"],
         final_val_accuracy=final["val_accuracy"], chance_accuracy=run.data.chance_accuracy,
+        target_mean=run.data.y_mean, target_std=run.data.y_std, param_dtype=str(run.params[0].dtype).split(".")[-1],
         resumed_from_step=run.start_step, attempt=run.attempt, n_skipped_steps=run.n_skipped,
         n_grid_updates=run.n_grid_updates, earlier_attempts=manifest.earlier_attempts(run.run_dir),
         **optim.record_fields(run.evals, first, run.model), **interference, **target,
@@ -695,6 +697,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     distributed.die_with_launcher()
     cfg = RunConfig.from_cli(argv)
+    distributed.check_launch(cfg)  # before the run's folder (the lock below) exists: a mismatch leaves none
     lock = None
     if not os.environ.get("KANLIB_RUNNER_LOCKS") and os.environ.get("RANK", "0") == "0":
         # Started by hand (a runner holds the lock of every run it launches): one process per run folder, as
@@ -710,10 +713,22 @@ def main(argv: list[str] | None = None) -> int:
         if lock is not None:
             lock.release()
     if rec is not None:
-        print(f"kanlib: world_size={rec.world_size} step_time_s={rec.step_time_s:.6f} "
-              f"samples_per_s={rec.samples_per_s:.1f} final_val_loss={rec.final_val_loss:.6g} "
+        print(f"kanlib: world_size={rec.world_size} precision={cfg.precision} step_time_s={rec.step_time_s:.6f} "
+              f"samples_per_s={rec.samples_per_s:.1f} {validation_summary(rec)} "
               f"record={os.path.join(cfg.run_dir(), records.RECORD_NAME)}", flush=True)
     return 0
+
+
+def validation_summary(rec: RunRecord) -> str:
+    """The final validation loss under its own name: ``val_cross_entropy`` and ``val_accuracy`` (classification), or
+    ``val_mse`` and ``val_rmse`` of the (standardised) target and ``val_rmse_target_units``, the RMSE in the target's
+    own units (``target_std`` times it; the same number where the target is not standardised)."""
+    loss = rec.final_val_loss
+    if rec.final_val_accuracy is not None:
+        return f"val_cross_entropy={loss:.6g} val_accuracy={rec.final_val_accuracy:.4f}"
+    rmse = math.sqrt(loss) if loss >= 0 else math.nan
+    scale = rec.target_std if rec.target_std is not None else 1.0
+    return f"val_mse={loss:.6g} val_rmse={rmse:.6g} val_rmse_target_units={rmse * scale:.6g}"
 
 
 if __name__ == "__main__":

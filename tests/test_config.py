@@ -77,3 +77,33 @@ def test_numbers_are_coerced_so_equal_configs_share_a_run_key():
     assert RunConfig(steps=30.0).steps == 30 and isinstance(RunConfig(steps=30.0).steps, int)
     with pytest.raises(ConfigError, match="^static_graph: must be true or false"):
         RunConfig(static_graph="yes")
+
+
+@pytest.mark.parametrize("kwargs,batch", [
+    ({}, 1024),  # exp_sin: n_train
+    ({"n_train": 1000}, 1000),  # issue 38: refused, the old default batch 1024 exceeding it
+    ({"task": "diabetes", "widths": (10, 1)}, 354),  # 442 rows, 88 validate: refused before
+    ({"task": "digits", "widths": (64, 10), "n_train": 5000}, 1438),  # 1797 rows, 359 validate
+    ({"task": "feynman:I.6.2", "widths": (2, 1), "n_train": 300}, 300),
+    ({"task": "diabetes", "widths": (10, 1), "nproc_per_node": 4}, 352),  # a multiple of the processes
+    ({"n_train": 1001, "nproc_per_node": 2, "grad_accum_steps": 2}, 1000),  # ... times the micro-batches
+])
+def test_the_default_batch_is_the_whole_training_set(kwargs, batch):
+    """L-BFGS's natural batch: global_batch=0 (the default) stands for the training rows; the config holds the number
+    chosen, so the record, the run key and the command line carry it."""
+    cfg = RunConfig(**kwargs)
+    assert cfg.global_batch == batch
+    assert RunConfig.from_cli(cfg.to_cli()) == cfg
+    assert f"-b{batch}-" in cfg.run_key()
+
+
+def test_the_default_batch_of_a_csv_file_counts_its_rows(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("a,b,y\n" + "".join(f"{i},{i % 7},{i * 2}\n" + ("\n" if i % 10 == 0 else "") for i in range(130)))
+    cfg = RunConfig(task="file", data_path=str(path), widths=(2, 1), n_val=30)
+    assert cfg.global_batch == 100  # 130 data rows (blank lines are not rows), 30 validate
+    with pytest.raises(ConfigError, match=r"^n_val: .*d.csv has 130 rows; n_val=130 leaves none to train on$"):
+        RunConfig(task="file", data_path=str(path), widths=(2, 1), n_val=130)
+    with pytest.raises(ConfigError, match=r"^global_batch: 0 stands for the whole training set, 3 rows, fewer than "
+                                          r"the 4 processes x 1 micro-batches"):
+        RunConfig(n_train=3, nproc_per_node=4)

@@ -206,3 +206,66 @@ def test_training_on_a_file_learns(tmp_path):
     rec = train(cfg).to_dict()
     assert rec["task"] == "file" and rec["data_path"] == path
     assert rec["final_val_loss"] < 0.05  # standardised target: 1.0 is the mean predictor
+
+
+def _with_outlier(tmp_path, column: int, value: str, validation: bool, n_val: int = 40) -> tuple[str, int]:
+    """houses.csv (300 rows) with ``value`` in ``column`` of a row the seed-0 split validates (or trains on); the file
+    and the outlier's data row (1-based)."""
+    path = str(tmp_path / "houses.csv")
+    write_csv(path)
+    perm = torch.randperm(300, generator=torch.Generator().manual_seed(0))
+    row = int(perm[-1] if validation else perm[0])  # _split: the last n_val rows of the shuffle validate
+    with open(path) as f:
+        lines = f.read().splitlines()
+    cells = lines[row + 1].split(",")
+    cells[column] = value
+    lines[row + 1] = ",".join(cells)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path, row + 1
+
+
+@pytest.mark.parametrize("column,name,validation,precision,why", [
+    (1, "age", True, "fp32", r"1e\+308 is beyond float32's range"),
+    (1, "age", False, "fp32", r"1e\+308 is beyond float32's range"),
+    (2, "price", False, "fp64", r"1e\+308 makes the training rows' mean or standard deviation overflow"),
+    (2, "price", True, "fp32", r"1e\+308 is beyond float32's range"),
+])
+def test_a_finite_outlier_is_named_by_row_and_column_at_load_time(tmp_path, column, name, validation, precision,
+                                                                   why):
+    """Issue 34 item 9: 1e308 passes the file's float64 check, then overflowed in float32 (or in the target's
+    standardisation) and the run ended in "it did not train"; the load names the file, row, line and column."""
+    path, row = _with_outlier(tmp_path, column, "1e308", validation)
+    cfg = RunConfig(task="file", data_path=path, widths=(2, 4, 1), n_val=40, precision=precision)
+    with pytest.raises(ValueError, match=rf"^{path}: data row {row} \(line {row + 1} of the file\), column "
+                                         rf"'{name}': {why}"):
+        make_dataset(cfg)
+
+
+def test_an_outlier_that_scales_beyond_float32_is_named_and_fits_float64(tmp_path):
+    """-1e30 fits float32, but a validation row scaled by the training rows' range (about 10) is -2e29, whose square
+    overflows float32: refused under fp32 (naming row and column), trained on under fp64."""
+    path, row = _with_outlier(tmp_path, 0, "-1e30", validation=True)
+    with pytest.raises(ValueError, match=rf"^{path}: data row {row} \(line {row + 1} of the file\), column 'rooms': "
+                                         r"-1e\+30 scaled to the training rows' range \[-1, 1\] is -2.\d+e\+29, beyond "
+                                         r"what training in float32 holds"):
+        make_dataset(RunConfig(task="file", data_path=path, widths=(2, 4, 1), n_val=40))
+    data = make_dataset(RunConfig(task="file", data_path=path, widths=(2, 4, 1), n_val=40, precision="fp64"))
+    assert data.x_val.dtype == torch.float64 and float(data.x_val.min()) < -1e29
+
+
+def test_a_run_on_a_file_with_an_outlier_names_it_not_the_training(tmp_path):
+    """The command line as a user runs it: the error names the cell, and the run never starts training."""
+    import os
+    import subprocess
+    import sys
+
+    path, row = _with_outlier(tmp_path, 1, "1e308", validation=True)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-m", "kanlib.train", "--task=file", f"--data_path={path}", "--widths=2,4,1",
+                          "--n_val=40", "--global_batch=64", "--steps=3", "--warmup_steps=1", "--kan_impl=fast",
+                          f"--out_dir={tmp_path / 'out'}"], cwd=repo, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=repo))
+    assert out.returncode != 0
+    assert f"{path}: data row {row} (line {row + 1} of the file), column 'age': 1e+308 is beyond float32" in out.stderr
+    assert "did not train" not in out.stderr

@@ -156,3 +156,35 @@ def test_a_process_is_left_to_the_os_when_asked_on_cuda_or_when_not_launched(tmp
     got = _pinned(tmp_path, 1, affinity="none" if why == "none" else "auto",
                   device="cuda" if why == "cuda" else "cpu", rank=why != "not launched")
     assert got[0][0] == "-" and len(got[0][1].split(",")) == len(os.sched_getaffinity(0))
+
+
+def test_a_launch_of_another_world_size_stops_before_the_run_folder_exists(tmp_path):
+    """Issue 38: `torchrun --nproc-per-node 2 -m kanlib.train` without `--nproc_per_node=2` stopped with a mismatch
+    error, leaving the run's folder (its lock) with no record. Each rank now names the mismatch first."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+                          "kanlib.train", "--widths=2,5,1", "--steps=3", "--warmup_steps=1", "--kan_impl=fast",
+                          "--device=cpu", f"--out_dir={tmp_path / 'out'}"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.returncode != 0
+    assert ("ConfigError: nproc_per_node: the launcher started WORLD_SIZE=2 processes, but the config asks for nnodes "
+            "x nproc_per_node = 1 x 1 = 1") in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_launch_check_in_one_process(monkeypatch):
+    from kanlib.config import ConfigError, RunConfig
+
+    monkeypatch.delenv("RANK", raising=False)
+    distributed.check_launch(RunConfig())
+    with pytest.raises(ConfigError, match="^nproc_per_node: nnodes x nproc_per_node = 1 x 2 processes, but this is "
+                                          "one process without a launcher"):
+        distributed.check_launch(RunConfig(nproc_per_node=2))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    distributed.check_launch(RunConfig(nnodes=2, nproc_per_node=2))
+    with pytest.raises(ConfigError, match=r"^nproc_per_node: the launcher started WORLD_SIZE=4 processes, but the "
+                                          r"config asks for nnodes x nproc_per_node = 2 x 4 = 8"):
+        distributed.check_launch(RunConfig(nnodes=2, nproc_per_node=4))

@@ -152,3 +152,69 @@ def test_config_fields_of_the_recipe():
     with pytest.raises(ConfigError, match="^steps: 2 steps cannot be split between 3 grid sizes"):
         RunConfig(grid_extension=(10, 20), steps=2, warmup_steps=0)
     assert RunConfig.from_cli(["--grid_extension=10,20", "--grid_extension_steps=10,20"]).grid_extension == (10, 20)
+
+
+def _cliff(w: torch.Tensor) -> torch.Tensor:
+    """sum((w - 3)^2) where every |w_i| <= 5, NaN beyond (a loss that overflows past a point, as a KAN's logits do
+    when a step is far too long)."""
+    loss = ((w - 3) ** 2).sum()
+    return torch.where((w.abs() > 5).any(), torch.full_like(loss, math.nan), loss)
+
+
+def test_line_search_backs_off_from_a_non_finite_trial():
+    """The first trial step lands where the loss is NaN (t = lr / |g|_1 = 1: w = 6). torch's line search
+    extrapolated from it (every comparison with NaN is false) and its cubic through it gave a NaN step; kanlib's
+    counts it as overshooting and bisects back to finite points: the loss falls, nothing is NaN."""
+    w = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    opt = LBFGS([w], lr=12.0, max_iter=5)
+
+    def closure():
+        loss = _cliff(w)
+        loss.backward()
+        return loss.detach()
+
+    first = opt.step(closure)
+    assert first == 18.0
+    w_now = w.detach()
+    assert bool(torch.isfinite(w_now).all()) and float(w_now.abs().max()) <= 5, w_now
+    after = float(_cliff(w_now))
+    assert math.isfinite(after) and after < first
+    for _ in range(3):
+        opt.step(closure)
+    assert float(_cliff(w.detach())) < 1e-12  # the minimum w = (3, 3), inside the cliff
+
+
+def test_cubic_interpolation_through_an_infinite_loss_is_the_middle():
+    from torch.optim.lbfgs import _cubic_interpolate as torch_cubic
+
+    from kanlib.optim import _cubic_interpolate
+
+    assert math.isnan(torch_cubic(0.0, 1.0, torch.tensor(-2.0), 1.0, math.inf, torch.tensor(-1.0)))
+    assert _cubic_interpolate(0.0, 1.0, torch.tensor(-2.0), 1.0, math.inf, torch.tensor(-1.0)) == 0.5
+    assert _cubic_interpolate(0.0, 1.0, torch.tensor(-2.0), 1.0, math.inf, torch.tensor(math.nan)) == 0.5
+    # finite ends: torch's minimiser, unchanged
+    finite = (0.0, 1.0, torch.tensor(-2.0), 1.0, 0.5, torch.tensor(1.0))
+    assert _cubic_interpolate(*finite) == torch_cubic(*finite)
+
+
+def test_no_curvature_pair_spans_two_batches():
+    """A mini-batch step's first gradient is of other samples than the last step's last one: their difference is
+    the batches' difference, not curvature (its pair scaled the next steps by up to 7e5 on digits and led the line
+    search to losses of 1e25). With new_batch=True that pair is not formed; pairs within a step are."""
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randn(64, 2, generator=g, dtype=torch.float64) for _ in range(2)]
+    model = torch.nn.Linear(2, 1).double()
+
+    def closure_of(x):
+        def closure():
+            loss = ((model(x) - x.sum(1, keepdim=True) ** 2) ** 2).mean()
+            loss.backward()
+            return loss.detach()
+        return closure
+
+    opt = LBFGS(model.parameters(), max_iter=1)  # one iteration a step: a pair can only span two steps
+    opt.step(closure_of(batches[0]))
+    opt.step(closure_of(batches[1]), new_batch=True)
+    assert opt.state[opt._params[0]]["old_dirs"] == []
+    opt.step(closure_of(batches[1]))  # the same batch again: its pair is curvature, kept
+    assert len(opt.state[opt._params[0]]["old_dirs"]) == 1

@@ -100,6 +100,94 @@ def test_the_defaults_train_exp_sin(tmp_path):
     assert math.sqrt(rec["final_val_loss"]) <= 1e-2, rec["final_val_loss"]
 
 
+def _cli(tmp_path, *args: str) -> tuple[dict, list[float]]:
+    """Run ``python -m kanlib.train ARGS --out_dir=tmp_path``; its record and training losses."""
+    out = subprocess.run([sys.executable, "-m", "kanlib.train", *args, f"--out_dir={tmp_path}"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 0, out.stdout + out.stderr
+    path = out.stdout.strip().splitlines()[-1].split("record=")[1]
+    with open(path) as f:
+        rec = json.load(f)
+    return rec, results.load_steps(os.path.dirname(path)).loss.tolist()
+
+
+@pytest.mark.slow
+def test_lbfgs_on_mini_batches_of_digits_does_not_diverge(tmp_path):
+    """Issue 34's case: L-BFGS (the default) on mini-batches of 256 of digits' 1024 training rows stopped with a
+    non-finite loss (at step 17 here, 119 in the issue) as its line search followed a NaN trial; it trains now."""
+    rec, losses = _cli(tmp_path, "--task=digits", "--widths=64,32,10", "--global_batch=256", "--steps=150")
+    assert rec["optimizer"] == "lbfgs" and rec["global_batch"] == 256 and rec["n_skipped_steps"] == 0
+    assert len(losses) == 150 and all(math.isfinite(v) for v in losses)
+    assert math.isfinite(rec["final_val_loss"]) and rec["final_val_accuracy"] > 0.9
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task,widths,batch", [("digits", "64,10", 256), ("diabetes", "10,1", 64),
+                                               ("feynman:I.6.2", "2,5,1", 256), ("exp_sin", "2,16,16,1", 256)])
+def test_the_defaults_train_every_task_on_mini_batches(tmp_path, task, widths, batch):
+    """Every bundled task with the defaults (L-BFGS) at a mini-batch of its training set: finite losses that fall.
+    The fast kernel computes what the default compiled one does, without its compilation (most of such a run)."""
+    rec, losses = _cli(tmp_path, f"--task={task}", f"--widths={widths}", f"--global_batch={batch}", "--steps=10",
+                       "--warmup_steps=2", "--kan_impl=fast")
+    assert rec["optimizer"] == "lbfgs" and rec["global_batch"] == batch < min(rec["n_train"], 1024)
+    assert all(math.isfinite(v) for v in losses) and math.isfinite(rec["final_val_loss"])
+    assert max(losses[-3:]) < losses[0], losses
+    if rec["final_val_accuracy"] is not None:
+        assert rec["final_val_accuracy"] > rec["chance_accuracy"] + 0.5
+
+
+@pytest.mark.slow
+def test_fp64_trains_in_float64_on_one_and_two_processes(tmp_path):
+    """precision=fp64: data, parameters, loss, L-BFGS's state and DDP's all-reduce (gloo) in float64. One and two
+    processes take the same steps to float64's rounding (float32's differ by up to 2e-4 after five L-BFGS steps,
+    test_lbfgs_one_and_two_processes_take_the_same_steps); the records say fp64 and the parameters are float64."""
+    one = _cfg(tmp_path, precision="fp64", task="feynman:I.6.2")
+    two = _cfg(tmp_path, precision="fp64", task="feynman:I.6.2", nproc_per_node=2)
+    r1, r2 = run(one, echo=False, timeout_s=300), run(two, echo=False, timeout_s=300)
+    for rec, cfg in ((r1, one), (r2, two)):
+        assert rec["precision"] == "fp64" and rec["param_dtype"] == "float64" and rec["world_size"] == cfg.world_size
+        assert {str(v.dtype) for v in final_params(cfg).values()} == {"torch.float64"}  # the grids too
+    a, b = _val_curve(one), _val_curve(two)
+    assert len(a) == len(b) == 5 and a[-1] < 0.1 * a[0]
+    for x, y in zip(a, b):
+        assert y == pytest.approx(x, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_two_processes_lay_gradients_out_as_ddp_buckets_expect(tmp_path):
+    """Issue 38: every 2-process run of the default (compiled) kernel warned "Grad strides do not match bucket view
+    strides": a one-output layer's base_weight gradient was a (1, in) slice with strides ((1 + C) * in, 1)."""
+    cfg = _cfg(tmp_path, nproc_per_node=2, kan_impl="compiled", steps=3, warmup_steps=1, eval_every=0)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+                          "kanlib.train", *cfg.to_cli()], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 0 and "world_size=2" in out.stdout, out.stdout + out.stderr
+    assert "Grad strides" not in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_the_cli_gives_the_rmse_in_the_targets_units(tmp_path):
+    """Issue 38: the CLI printed the validation MSE as "final_val_loss", and the record kept no target scale. The
+    record has the mean and std the target was standardised with; the CLI prints MSE, RMSE and RMSE in units."""
+    out = subprocess.run([sys.executable, "-m", "kanlib.train", "--task=feynman:I.6.2", "--widths=2,5,1",
+                          "--n_train=512", "--steps=4", "--warmup_steps=1", "--kan_impl=fast", f"--out_dir={tmp_path}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=REPO))
+    assert out.returncode == 0, out.stdout + out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    with open(last.split("record=")[1]) as f:
+        rec = json.load(f)
+    from kanlib.data import FeynmanRegression
+
+    data = FeynmanRegression("feynman:I.6.2", 512, rec["n_val"], 0)
+    assert (rec["target_mean"], rec["target_std"]) == (data.y_mean, data.y_std)
+    fields = dict(kv.split("=", 1) for kv in last.split()[1:])
+    rmse = math.sqrt(rec["final_val_loss"])
+    assert float(fields["val_mse"]) == pytest.approx(rec["final_val_loss"], rel=1e-5)
+    assert float(fields["val_rmse"]) == pytest.approx(rmse, rel=1e-5)
+    assert float(fields["val_rmse_target_units"]) == pytest.approx(rmse * data.y_std, rel=1e-5)
+    assert "final_val_loss" not in last
+
+
 LAUNCH_NOTEBOOKS = ["01_strong_scaling", "02_weak_scaling", "03_communication_overhead", "04_model_size_scaling",
                     "07_time_to_accuracy", "08_compounding"]
 
