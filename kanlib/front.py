@@ -214,10 +214,10 @@ def _own_html(found: list[dict]) -> str:
         return "<p>No findings of the project's own yet.</p>"
     return ("<table id='own-findings' class='findings'><tr><th>the project's own finding</th><th>here</th></tr>"
             + "".join(f"<tr><td><a href='#{f['study']}'>{html.escape(f['topic'])}</a></td>"
-                      f"<td>{html.escape(_short(f['ours']))}</td></tr>" for f in own) + "</table>")
+                      f"<td>{html.escape(short(f['ours']))}</td></tr>" for f in own) + "</table>")
 
 
-def _short(text: str, n: int = 170) -> str:
+def short(text: str, n: int = 170) -> str:
     """The front page keeps to one screen: a long finding is cut (in full under "All findings")."""
     return text if len(text) <= n else text[:n].rsplit(" ", 1)[0] + " ..."
 

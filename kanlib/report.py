@@ -22,7 +22,7 @@ import sys
 import pandas as pd
 
 from kanlib import front, records, studies
-from kanlib.analysis import fmt, groups, load, style
+from kanlib.analysis import claims, fmt, groups, load, style
 from kanlib.analysis.context import PARAMS, Context
 from kanlib.analysis.section import StudyAnalysis
 from kanlib.studies import extrapolation as _extrapolation
@@ -432,21 +432,24 @@ def readme_results(out_dir: str, guidelines=None) -> str:
     def cell(v) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
 
+    vs = front.verdicts(all_a, g, out_dir, ctx)
     lines = [README_START, "", f"From the records of commit {shas} (`make study`, then "
-             f"`python -m kanlib.report {os.path.basename(os.path.abspath(out_dir))} --readme`).", "",
-             "| published claim | the paper | verdict | here | why |", "|---|---|---|---|---|"]
-    lines += [f"| {cell(v['claim'])} | {cell(v['published'])} | **{v['verdict']}** | {cell(v['number'])} | "
-              f"{cell(v['why'])} |" for v in front.verdicts(all_a, g, out_dir, ctx)]
+             f"`python -m kanlib.report {os.path.basename(os.path.abspath(out_dir))} --readme`); the report says "
+             f"why for each.", "", "Machine: " + cell(m["rows"][1][1]) + f"; up to {m['max_n']} process(es)"
+             + ("" if m["real_nodes"] else ", 'nodes' on one host") + ".", "",
+             "| published claim | verdict | measured | what would test it |", "|---|---|---|---|"]
+    for v in vs:
+        nc = v["verdict"] in (claims.NOT_COMPARABLE, "untested")
+        test = (v.get("test_with") or "any machine") if nc else "decided here"
+        lines.append(f"| {cell(v['claim'])} | **{v['verdict']}** | {cell(front.short(v['number'], 90))} | "
+                     f"{cell(front.short(test, 60))} |")
     own = front.own_findings(front.findings(all_a))
     lines += ["", "| the project's own finding | here |", "|---|---|"]
-    lines += [f"| {cell(f['topic'])} | {cell(f['ours'])} |" for f in own]
-    lines += ["", "Machine: " + "; ".join(f"{k}: {v}" for k, v in m["rows"]) + ".", ""]
-    st = ctx.stability()
+    lines += [f"| {cell(f['topic'])} | {cell(front.short(f['ours'], 110))} |" for f in own]
     t = g.table
-    lines.append(f"Stability: {int(st['unstable'].sum()) if len(st) else 0} of {len(st)} measured points unstable; "
-                 f"{int((t['rests_on'].fillna('') != '').sum()) if len(t) else 0} of {len(t)} decisions flagged "
-                 f"(could change within their intervals, or rest on disturbed points); "
-                 f"{ctx.model_check().describe()}.")
+    lines += ["", f"Decisions: {len(t)}, {int((t['rests_on'].fillna('') != '').sum()) if len(t) else 0} flagged "
+                  f"(could change within their intervals, or rest on disturbed points); the link model: "
+                  f"{ctx.model_check().status}."]
     lines += ["", README_END]
     return "\n".join(lines)
 

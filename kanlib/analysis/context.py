@@ -351,15 +351,6 @@ class ModelCheck:
         return f"the link model is not checked ({self.why}): it is not used for guidance or extrapolation"
 
 
-def _judged(median: float, lo: float, margin: float) -> str:
-    """What a check's sentence adds when a median is beyond its margin (:func:`commmodel.judge_median`): whether its
-    interval is too; nothing when it is within or unknown."""
-    verdict = commmodel.judge_median(median, lo, margin)
-    if verdict == "within" or not np.isfinite(median):
-        return ""
-    return f": not beyond it, its interval reaches down to {lo:.0%}" if verdict == "not beyond" else ": beyond it"
-
-
 def check_model(ctx: Context) -> ModelCheck:
     """The one rule: the link model fitted on the collective benchmark is used for guidance or extrapolation only
     when its own validation passes: the known signal (each injected emulated constant recovered within
@@ -404,10 +395,10 @@ def check_model(ctx: Context) -> ModelCheck:
     if val is not None and val.n_runs:
         failed |= not val.ok
         why.append(f"DDP parity, leave-one-out over {val.n_runs} runs: median |error| of the step "
-                   f"{val.step_median_abs_err:.0%} (margin {val.step_margin:.0%}"
-                   f"{_judged(val.step_median_abs_err, val.step_median_lo, val.step_margin)}), of the exposed "
-                   f"communication {val.exposed_median_abs_err:.0%} (margin {val.exposed_margin:.0%}"
-                   f"{_judged(val.exposed_median_abs_err, val.exposed_median_lo, val.exposed_margin)})")
+                   f"{commmodel.margin_phrase(val.step_median_abs_err, val.step_median_lo, val.step_margin)}, of "
+                   f"the exposed communication "
+                   f"{commmodel.margin_phrase(val.exposed_median_abs_err, val.exposed_median_lo, val.exposed_margin)}"
+                   f", the largest step error {val.far_text}")
         band = max(val.step_median_abs_err, val.step_max_abs_err if np.isfinite(val.step_max_abs_err) else 0.0)
         exposed_band = val.exposed_median_hi if np.isfinite(val.exposed_median_hi) else val.exposed_median_abs_err
     else:

@@ -518,10 +518,11 @@ def finding(a: StudyAnalysis) -> list[dict]:
                      f"{pts['loo_rel_err'].abs().median():.0%}, max {pts['loo_rel_err'].abs().max():.0%}")
     val = a.extra.get("validation")
     if val is not None and val.n_runs:
-        parts.append(f"DDP parity, leave-one-out over {val.n_runs} runs: median |error| step "
-                     f"{val.step_median_abs_err:.0%}, exposed {val.exposed_median_abs_err:.0%} "
-                     f"({'within' if val.ok else 'NOT within'} the margins {val.step_margin:.0%} / "
-                     f"{val.exposed_margin:.0%})")
+        parts.append(f"DDP parity, leave-one-out over {val.n_runs} runs: median |error| of the step "
+                     f"{commmodel.margin_phrase(val.step_median_abs_err, val.step_median_lo, val.step_margin)}, of "
+                     f"the exposed communication "
+                     f"{commmodel.margin_phrase(val.exposed_median_abs_err, val.exposed_median_lo, val.exposed_margin)}"
+                     f", the largest step error {val.far_text}")
     tw = a.extra.get("transfer_waiting")
     if tw is not None and len(tw):
         parts.append("waiting share of the hook time " + ", ".join(

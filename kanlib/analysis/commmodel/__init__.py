@@ -25,15 +25,16 @@ from kanlib.analysis.commmodel.extrapolate import (ComputeProfile, band_efficien
 from kanlib.analysis.commmodel.links import (ALGOS, LINKS, MIB, CollFit, Link, LinkModel, allreduce_terms, find_fit,
                                              fit_collbench, fit_points, fit_table, link_name, nnls, recovered_links,
                                              row_algorithm)
-from kanlib.analysis.commmodel.parity import (CONTENTION_TERMS, EXPOSED_MARGIN, STEP_MARGIN, ModelValidation,
-                                              ddp_parity, fitted_contention, judge_median, model_validation)
+from kanlib.analysis.commmodel.parity import (CONTENTION_TERMS, EXPOSED_MARGIN, FAR_OFF, STEP_MARGIN, ModelValidation,
+                                              ddp_parity, fitted_contention, judge_median, margin_phrase,
+                                              model_validation)
 
 __all__ = [
     "ALGOS", "LINKS", "MIB", "allreduce_terms", "link_name", "row_algorithm", "Link", "LinkModel", "nnls", "CollFit",
     "fit_collbench", "fit_table", "fit_points", "recovered_links", "find_fit",
     "ddp_buckets", "kan_param_bytes", "overlap", "TWIN_KEYS", "twins", "validate_ddp", "predict_run",
     "transfer_waiting", "transfer_waiting_by_placement",
-    "STEP_MARGIN", "EXPOSED_MARGIN", "ddp_parity", "CONTENTION_TERMS", "fitted_contention", "judge_median",
+    "STEP_MARGIN", "EXPOSED_MARGIN", "FAR_OFF", "margin_phrase", "ddp_parity", "CONTENTION_TERMS", "fitted_contention", "judge_median",
     "ModelValidation", "model_validation",
     "ComputeProfile", "profile_from_records", "placement_for", "predict_scaling", "extrapolation_table",
     "ring_tree_crossover", "sizes_above", "largest_world_size_at", "band_efficiencies", "world_size_band",
