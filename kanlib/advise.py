@@ -352,3 +352,70 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+REPORT_PRESETS = ("a100-hdr", "h100-ndr")
+"""The link presets the report draws the advisor's what-if on, beside the study's own machine."""
+
+
+def report_section(ctx: Context, target: float = 0.8, world_sizes=(1, 2, 8, 64, 512, 1024)) -> str:
+    """The report's advisor section (HTML): the quantities that carry per placement and work size
+    (:func:`kanlib.analysis.advisor.carried_quantities`), the advice with its leave-one-out check or why it refuses,
+    and predicted efficiency against world size for the study's own machine (its measured compute and fitted links)
+    and for :data:`REPORT_PRESETS` (the same measured per-process compute and gradient bytes on a preset's links):
+    what the study says about another machine."""
+    import html
+
+    from kanlib.analysis import style
+    from kanlib.analysis.style import go
+
+    try:
+        df, fits = _inputs(ctx)
+    except advisor.AdvisorInputError as e:
+        return f"<p class='note'>{html.escape(str(e))}: no advice.</p>"
+    carried = advisor.carried_quantities(df, fits)
+    adv = advise(ctx=ctx, target=target)
+    body = "<p class='note'>" + html.escape(" ".join(adv.basis[:1])) + "</p>"
+    body += ("<p class='warn'>The advisor refuses: " + html.escape("; ".join(adv.refused)) + ".</p>" if adv.refused
+             else "<table class='decisions'><tr><th>question</th><th>answer</th><th>band</th><th>rests on</th></tr>"
+             + "".join(f"<tr><td>{html.escape(a.question)}</td><td>{html.escape(a.value)}</td>"
+                       f"<td>{html.escape(a.band)}</td><td>{html.escape(a.rests_on)}</td></tr>" for a in adv.answers)
+             + "</table>")
+    if len(carried):
+        body += ("<details><summary><b>Quantities that carry to another machine</b> (per placement and work size)"
+                 "</summary>" + carried.to_html(index=False, classes="table", border=0, float_format="%.4g")
+                 + "</details>")
+    if len(adv.loo):
+        body += ("<details><summary><b>Leave-one-out check</b>: each multi-process point predicted without its own "
+                 "DDP step</summary>" + adv.loo.to_html(index=False, classes="table", border=0,
+                                                         float_format="%.4g") + "</details>")
+    fig = go.Figure()
+    comp = advisor.compute_of(df, adv.config)
+    grad_bytes = float(sum(advisor.param_bytes(adv.config)))
+    step_s = comp.profile.seconds_per_sample_param * grad_bytes / 4 * adv.global_batch + comp.profile.fixed_s
+    curves = []
+    for name in ("this machine",) + REPORT_PRESETS:
+        if name == "this machine":
+            pts = advisor.ddp_points(df)
+            model = advisor.link_model_for(fits, pts.iloc[0] if len(pts) else df[df["world_size"] > 1].iloc[0])
+            label = f"this machine's links ({model.label})"
+        else:
+            model, label = presets.preset(name).link_model("ring"), f"preset {name} links (ring)"
+        try:
+            pred = advisor.what_if(step_s, grad_bytes, model, [w for w in world_sizes if w <= 2 or w % 8 == 0],
+                                   gpus_per_node=8, scaling="strong")
+        except ValueError:
+            continue
+        curves.append((label, pred))
+        fig.add_trace(go.Scatter(x=pred["world_size"], y=pred["efficiency"], mode="lines+markers", name=label))
+    fig.add_hline(y=target, line_dash="longdash", annotation_text=f"target {target:.0%}")
+    style.axis_titles(fig, x="world size (processes; nodes of 8)", y="predicted strong-scaling efficiency (fraction)")
+    fig.update_layout(title="What this study predicts on other links (the measured compute per process)",
+                      xaxis_type="log", height=380, margin=dict(t=50))
+    body += fig.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False)
+    body += (f"<p class='caption'>Predicted efficiency at a global batch of {adv.global_batch} for "
+             f"{adv.config['model']} {list(adv.config['widths'])}: the compute one process measured here "
+             f"({step_s * 1e3:.3g} ms per step at N=1, {grad_bytes / 2**20:.3g} MiB of gradients) on this machine's "
+             f"fitted links and on presets' links. A what-if of the model (no stragglers, no congestion), not a "
+             f"measurement; `python -m kanlib.advise --what-if` takes your own cluster's numbers.</p>")
+    return body

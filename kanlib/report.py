@@ -23,7 +23,7 @@ import pandas as pd
 
 from kanlib import front, records, studies
 from kanlib.analysis import claims, fmt, groups, load, style
-from kanlib.analysis.context import PARAMS, Context
+from kanlib.analysis.context import PARAMS, Context, Goals
 from kanlib.analysis.section import StudyAnalysis
 from kanlib.studies import extrapolation as _extrapolation
 from kanlib.studies import published as _published
@@ -345,6 +345,16 @@ def guidelines_html(g) -> str:
               f"</details>")
 
 
+def advisor_html(ctx: Context) -> str:
+    """The advisor's section (:func:`kanlib.advise.report_section`), or why it could not be made."""
+    from kanlib import advise
+
+    try:
+        return advise.report_section(ctx, target=Goals().target_efficiency)
+    except (ValueError, KeyError, load.NoRecordsError) as e:
+        return f"<p class='note'>No advice from these records: {html.escape(str(e))}</p>"
+
+
 def _reuse(guidelines, out_dir: str, code: str, params: dict) -> Context | None:
     """The context the guidelines were computed on, when it is this report's (same folder, code policy and
     parameters): its records, benchmark and link fit are not read or made again."""
@@ -379,6 +389,8 @@ def build_report(out_dir: str, guidelines=None, path: str | None = None, code: s
         parts.append(("guidelines", "Deployment guidelines (computed from these records)",
                       guidelines_html(guidelines)))
     where = os.path.relpath(os.path.abspath(out_dir), report_dir)
+    parts.append(("advisor", "Deployment advisor: what this study says about another machine",
+                  advisor_html(ctx).replace(html.escape(os.path.abspath(out_dir)), html.escape(where))))
     mc = ctx.model_check()
     for name, title in studies.titles().items():
         if name in (_published.SECTION, _extrapolation.SECTION) and not mc.usable:

@@ -161,3 +161,24 @@ def test_what_if_refuses_what_it_cannot_compute():
     r = subprocess.run([sys.executable, "-m", "kanlib.advise", "--what-if", "--step-compute-s", "0.05",
                         "--grad-bytes", "1e7"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "needs --link PRESET, or --latency-s and --bandwidth-Bps" in r.stderr
+
+
+def test_the_report_shows_the_advice_and_what_it_predicts_on_other_links(tmp_path):
+    # issue 37.1/3: the report's advisor section holds the answers, the quantities that carry, and predicted
+    # efficiency against world size for this machine's links and the presets'; a folder whose model fails its check
+    # shows why it refuses instead
+    from kanlib import report
+    from kanlib.analysis.context import Context
+
+    root = write_known_study(tmp_path / "good")
+    body = advise.report_section(Context(root), target=0.8)
+    assert "largest world size at the target" in body and "The advisor refuses" not in body
+    assert "Quantities that carry to another machine" in body and "Leave-one-out check" in body
+    for name in ("this machine's links",) + tuple(f"preset {p} links (ring)" for p in advise.REPORT_PRESETS):
+        assert name in body
+    assert "predicted strong-scaling efficiency (fraction)" in body and "target 80%" in body
+    bad = write_known_study(tmp_path / "bad", bad_point=(2, 1))
+    assert "The advisor refuses: its model failed its own check" in advise.report_section(Context(bad), target=0.8)
+    (tmp_path / "empty").mkdir()
+    assert "the advisor needs" in report.advisor_html(Context(str(tmp_path / "empty"))) or \
+        "no training records" in report.advisor_html(Context(str(tmp_path / "empty")))
