@@ -231,15 +231,15 @@ PROBE_WIDTHS, PROBE_BATCH = (64, 256, 256, 1), 512
 def compile_probe(prepare: bool = False) -> dict:
     """In this (fresh) process: build ``KAN(PROBE_WIDTHS)``, run two training steps, report compile cost.
 
-    ``prepare``: first run :func:`kanlib.fast_kan.prepare_compile` in the foreground (as a launcher
+    ``prepare``: first run :func:`kanlib.compiling.prepare_compile` in the foreground (as a launcher
     would in the background during its start-up) and report its time apart, as ``prepare_s``.
     """
-    from kanlib import fast_kan
+    from kanlib import compiling
 
     prepare_s = None
     if prepare:
         t = time.perf_counter()
-        fast_kan.prepare_compile("cpu", background=False)
+        compiling.prepare_compile("cpu", background=False)
         prepare_s = time.perf_counter() - t
     t0 = time.perf_counter()
     torch.set_num_threads(1)
@@ -263,7 +263,7 @@ def compile_cost() -> dict:
     """Cold then warm compile of the default KAN in fresh processes sharing a new cache folder.
 
     ``cold``: the first process (empty cache); ``warm``: a second one, as every later run of a sweep;
-    ``warm_prepared``: a third whose inductor set-up ran first (:func:`kanlib.fast_kan.prepare_compile`).
+    ``warm_prepared``: a third whose inductor set-up ran first (:func:`kanlib.compiling.prepare_compile`).
     """
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="kanlib-inductor-") as cache:

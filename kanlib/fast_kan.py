@@ -1,5 +1,5 @@
-"""Fast exact KAN kernels: the closed-form B-spline basis on uniform grids, Cox-de Boor on the few knots that
-matter on any other grid, their autograd functions, compiled kernels.
+"""Fast exact KAN kernels: the closed-form B-spline basis on uniform grids, the eager kernels and the
+autograd functions of either kind of grid, and which one a layer runs.
 
 One KAN layer computes ``y = [silu(x), B(x)] @ [W_base, W_spline * scale]^T`` with ``B`` the order-k
 B-splines of each input on its knot vector. Only ``k + 1`` bases are nonzero at any x. On a *uniform* knot
@@ -7,10 +7,10 @@ vector their values are fixed polynomials of the position inside the knot interv
 elementwise operations instead of the Cox-de Boor recursion over all knots: :class:`UniformGrid` carries what
 a kernel needs to know about such a grid, and :func:`uniform_grid` builds it from a knot tensor, or returns
 ``None`` when the knots are not uniform to within their dtype's rounding. Grid updates fit the knots to the
-data, and then :class:`KnotGrid` (:func:`knot_grid`) carries them: the kernels run Cox-de Boor's recursion on
-the k + 2 knots of each basis's support (or, eagerly, find x's knot interval and run it for the k + 1 bases
-nonzero there), the reference :func:`kanlib.bspline.bspline_basis` up to rounding. Only a grid whose knots
-are not strictly increasing leaves the layer on the reference path.
+data, and then :class:`kanlib.knots.KnotGrid` (:func:`kanlib.knots.knot_grid`) carries them: the kernels run
+Cox-de Boor's recursion on the few knots that matter (:mod:`kanlib.knots`), the reference
+:func:`kanlib.bspline.bspline_basis` up to rounding. Only a grid whose knots are not strictly increasing
+leaves the layer on the reference path.
 
 Two modes, one code path each (:func:`kan_linear` picks):
 
@@ -23,14 +23,8 @@ Two modes, one code path each (:func:`kan_linear` picks):
   ``SMALL_OUT`` outputs never materialise the features. Where torch.compile cannot run (no C++ compiler,
   unsupported platform, compile error) the layer falls back to ``"fast"``, with one warning per process.
 
-Compiling once: the kernels are compiled per layer shape with static shapes (``fullgraph=True``, so a
-graph break or dynamo's recompile limit raises and that call runs eagerly, recorded as "fast"). torch 2.13
-keeps compiled kernels on disk by default (FX graph cache ``TORCHINDUCTOR_FX_GRAPH_CACHE`` and AOTAutograd
-cache ``TORCHINDUCTOR_AUTOGRAD_CACHE``, both on) under ``TORCHINDUCTOR_CACHE_DIR`` (default
-``/tmp/torchinductor_<user>``): a second process with the same folder loads instead of compiling. What it
-still pays per process is inductor's import, dynamo's tracing of each kernel and shape, and the CPU
-vector-ISA probe; :func:`remember_isa_probes` makes the probe once per host, :func:`prepare_compile`
-starts the rest in the background.
+The compiled kernels are :mod:`kanlib.pointwise`'s; :mod:`kanlib.compiling` compiles them once per layer
+shape, says why where it cannot, and pays torch.compile's per-process set-up early.
 
 Both modes save only x and parameter-sized tensors for backward and rebuild the basis there, so a training
 step keeps nothing of size ``batch * in * coeff`` alive between forward and backward. Non-finite inputs give
@@ -41,21 +35,17 @@ non-finite outputs and gradients on every path, never an exception (a NaN must r
 from __future__ import annotations
 
 import functools
-import json
 import math
-import os
-import socket
-import sys
 import threading
-import warnings
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kanlib.bspline import local_bspline
+from kanlib.compiling import CompileUnavailable, compiled_or_eager, run_compiled
+from kanlib.knots import KnotGrid, check_grid_shape, knot_local
+from kanlib.pointwise import KERNELS, base_grad, cardinal_terms, weight_grads
 
 SMALL_OUT = 2  # layers with at most this many outputs use matrix-vector kernels (fused when compiled)
 
@@ -90,69 +80,6 @@ class UniformGrid(NamedTuple):
         return self.shift, self.inv_h, self.n_coeff, cardinal_terms(self.spline_order)
 
 
-class KnotGrid(NamedTuple):
-    """Any strictly increasing knot vector per input (a grid refit to the data), as the kernels use it.
-
-    Basis j (``0 <= j < grid_size + spline_order``) is the B-spline on knots ``t_j .. t_{j+k+1}`` of its input;
-    the kernels evaluate it by Cox-de Boor's recursion restricted to those knots (compiled: every basis
-    pointwise; eager: the interval of x found by ``searchsorted`` and the k + 1 bases nonzero there), which is
-    :func:`kanlib.bspline.bspline_basis` on the same knots up to rounding.
-    """
-
-    padded: torch.Tensor  # (in, n + 2k) the n = G + 2k + 1 knots and k more on each side (eager gathers)
-    knots_t: torch.Tensor  # (n, in) the knots, knot-major (compiled kernels)
-    inv: torch.Tensor  # (k, n, in): inv[d - 1, l] = 1 / (t_{l+d} - t_l), 0 where l + d >= n
-    grid_size: int  # G: intervals inside the interior knots
-    spline_order: int  # k
-
-    @property
-    def n_coeff(self) -> int:
-        """Basis functions per input, ``G + k``."""
-        return self.grid_size + self.spline_order
-
-    def like(self, x: torch.Tensor) -> "KnotGrid":
-        """This grid with its tensors in x's dtype and on x's device (the kernels compute in x's dtype)."""
-        if self.padded.dtype == x.dtype and self.padded.device == x.device:
-            return self
-        return self._replace(padded=self.padded.to(x), knots_t=self.knots_t.to(x), inv=self.inv.to(x))
-
-    def kernel_args(self) -> tuple:
-        """What the compiled kernels take after x: ``(knots_t, inv, n_coeff, k)``."""
-        return self.knots_t, self.inv, self.n_coeff, self.spline_order
-
-
-def knot_grid(grid: torch.Tensor, spline_order: int, dtype: torch.dtype | None = None) -> KnotGrid | None:
-    """The :class:`KnotGrid` of ``grid: (in, G + 2k + 1)``, or ``None`` where some row is not strictly
-    increasing and finite (repeated knots divide by zero in Cox-de Boor: only the reference path runs there).
-
-    ``dtype``: the dtype of the tables (default the grid's); the reciprocals of the knot spacings are computed
-    in float64 from the grid's own knots, then rounded once.
-    """
-    _check_grid_shape(grid, spline_order)
-    g = grid.detach().to(torch.float64)
-    if not bool(torch.isfinite(g).all()) or not bool((g[:, 1:] > g[:, :-1]).all()):
-        return None
-    k, n = spline_order, g.shape[1]
-    dtype = dtype or grid.dtype
-    inv = g.new_zeros(k, n, g.shape[0])
-    for d in range(1, k + 1):
-        inv[d - 1, : n - d] = (1.0 / (g[:, d:] - g[:, :-d])).t()
-    ext = torch.arange(1, k + 1, dtype=torch.float64, device=g.device)
-    left = g[:, :1] - (g[:, 1:2] - g[:, :1]) * ext.flip(0)  # only for gathers: their bases are never used
-    right = g[:, -1:] + (g[:, -1:] - g[:, -2:-1]) * ext
-    padded = torch.cat([left, g, right], dim=1)
-    return KnotGrid(padded.to(dtype).contiguous(), g.t().to(dtype).contiguous(), inv.to(dtype).contiguous(),
-                    n - 2 * k - 1, k)
-
-
-def _check_grid_shape(grid: torch.Tensor, spline_order: int) -> None:
-    if grid.dim() != 2 or grid.shape[1] < 2 * spline_order + 2:
-        raise ValueError(f"grid must be (in, G + 2k + 1) with G >= 1 for spline_order={spline_order}, "
-                         f"got {tuple(grid.shape)}")
-    if not grid.dtype.is_floating_point:
-        raise ValueError(f"grid must be a floating-point tensor, got {grid.dtype}")
-
-
 def uniform_grid(grid: torch.Tensor, spline_order: int, dtype: torch.dtype | None = None) -> UniformGrid | None:
     """The :class:`UniformGrid` of ``grid: (in, G + 2k + 1)``, or ``None`` if some row is not uniform.
 
@@ -162,7 +89,7 @@ def uniform_grid(grid: torch.Tensor, spline_order: int, dtype: torch.dtype | Non
     float64) would make the closed form differ from :func:`kanlib.bspline.bspline_basis` by more than
     rounding. ``dtype``: the dtype of ``shift``/``inv_h`` (default the grid's); computed in float64.
     """
-    _check_grid_shape(grid, spline_order)
+    check_grid_shape(grid, spline_order)
     g = grid.detach().to(torch.float64)
     n = g.shape[1] - 1
     first, last = g[:, :1], g[:, -1:]
@@ -229,24 +156,6 @@ def local_poly(spline_order: int) -> torch.Tensor:
 
 
 _POLYS: dict = {}
-
-
-@functools.lru_cache(maxsize=None)
-def cardinal_terms(spline_order: int) -> tuple:
-    """The cardinal B-spline in the distance ``s = |v - (k + 1) / 2|`` from its centre, as Python floats.
-
-    ``N(v)`` (support ``[0, k + 1]``) is symmetric and, written with truncated powers from its centre,
-    ``N = sum_l c_l * max(o_l - s, 0)^k`` over the ``l`` with ``o_l = (k + 1) / 2 - l > 0`` and
-    ``c_l = (-1)^l binom(k + 1, l) / k!`` (for cubics ``((2 - s)_+^3 - 4 (1 - s)_+^3) / 6``): a few
-    elementwise operations and no case selection, and the terms cancel by at most a small factor
-    (2 for cubics) for the small k of KANs. Returns ``(half, terms)`` with ``terms = ((o_l, c_l), ...)``;
-    ``dN/dv = -sign(v - half) k sum_l c_l max(o_l - s, 0)^(k - 1)``. Floats, so torch.compile folds them.
-    """
-    k = spline_order
-    half = (k + 1) / 2
-    terms = tuple((half - l, (-1) ** l * math.comb(k + 1, l) / math.factorial(k))
-                  for l in range(k + 1) if half - l > 0)
-    return half, terms
 
 
 # -- eager ("fast") kernels ----------------------------------------------------------------------
@@ -341,59 +250,12 @@ def _d_du(picked: torch.Tensor, powers: torch.Tensor, grid: UniformGrid) -> torc
     return torch.sum(z.mul_(powers), 0, out=_SCRATCH.get("g_u", (z.shape[1],), powers.dtype, powers.device))
 
 
-def _knot_local(x: torch.Tensor, grid: KnotGrid, flat: bool = False, derivative: bool = False):
-    """Columns, values and d/dx of the k + 1 nonzero bases of each ``x: (batch, in)`` on non-uniform knots.
-
-    Returns ``(col, vals, dvals)``, each ``(batch * in, k + 1)``: col the feature column of local value r as
-    :func:`_local`'s (or, with ``flat``, the index of :func:`flat_tables`' layout), vals the basis values and
-    dvals their derivatives in x (``None`` without ``derivative``). The interval ``t_m <= x < t_{m+1}`` comes
-    from ``searchsorted``; local value r is basis ``m - k + r``, by de Boor's triangular recursion on the 2k
-    knots ``t_{m-k+1} .. t_{m+k}`` (Cox-de Boor restricted to the bases nonzero at x). Non-finite x gives NaN
-    values at valid columns (the reference gives NaN there too), never an out-of-range index.
-    """
-    k = grid.spline_order
-    batch, n_in = x.shape
-    n_pad = grid.padded.shape[1]
-    n = n_pad - 2 * k  # knots
-    x = torch.where(torch.isfinite(x), x, math.nan)  # +-inf: NaN values and derivatives, as the reference
-    m = torch.searchsorted(grid.padded, x.t().contiguous(), right=True).t().contiguous()  # (batch, in) knots <= x
-    m = m.sub_(1 + k).clamp_(-1, n - 1)  # -1 and n - 1: left and right of the grid, where every basis is 0
-    m.masked_fill_(torch.isnan(x), k)  # an interval where all k + 1 bases exist, so the NaN reaches the features
-    # local knots t_{m-k+1} .. t_{m+k}, row q = t_{m-k+1+q}, gathered from the padded rows
-    at = m + (torch.arange(n_in, device=x.device) * n_pad + k)  # (batch, in) index of t_m in padded, flat
-    t = torch.take(grid.padded, at.view(1, -1) + torch.arange(1 - k, k + 1, device=x.device).unsqueeze(1))
-    xv = x.reshape(1, -1)  # (1, batch * in)
-    b = torch.ones_like(xv)  # order 0: only B_m is nonzero, and equals 1
-    term = b
-    for d in range(1, k + 1):  # b: (d, N), B_{m-d+1+r} of order d - 1
-        tr, tl = t[k:k + d], t[k - d:k]  # t_{m+1+r} and t_{m+1+r-d}, r < d
-        term = b / (tr - tl)
-        b = xv.new_zeros(d + 1, xv.shape[1])
-        b[:d] = (tr - xv) * term
-        b[1:] += (xv - tl) * term  # (d + 1, N), B_{m-d+r} of order d
-    dvals = None
-    if derivative:  # dB_j/dx = k (B^{k-1}_j / (t_{j+k} - t_j) - B^{k-1}_{j+1} / (t_{j+k+1} - t_{j+1})): the last terms
-        dv = xv.new_zeros(k + 1, xv.shape[1])
-        dv[1:] = term
-        dv[:k] -= term
-        dvals = dv.mul_(k).t().contiguous()
-    j = m.view(-1, 1) - k + torch.arange(k + 1, device=x.device)  # (N, k + 1) basis of local value r
-    n_coeff = grid.n_coeff
-    valid = (j >= 0) & (j < n_coeff)
-    if flat:
-        i = torch.arange(n_in, device=x.device).repeat(batch).unsqueeze(1)
-        col = torch.where(valid, i * n_coeff + j, n_in * n_coeff)
-    else:
-        col = torch.where(valid, j + 1, 0)
-    return col, b.t().contiguous(), dvals
-
-
 def _local_basis(x: torch.Tensor, grid, flat: bool = False, derivative: bool = False):
     """``(col, vals, dstate)`` of the k + 1 nonzero bases of each ``x: (batch, in)`` on either kind of grid:
     col and vals ``(batch * in, k + 1)`` as :func:`_local` and :func:`_values` give them; ``dstate`` what
     :func:`_spline_grad_x` needs (the powers of t on a uniform grid, d/dx of the values on other knots)."""
     if isinstance(grid, KnotGrid):
-        return _knot_local(x, grid, flat, derivative)
+        return knot_local(x, grid, flat, derivative)
     col, powers = _local(x, grid, flat)
     return col, _values(powers, grid), powers
 
@@ -597,414 +459,6 @@ class _EagerSmallOutKAN(torch.autograd.Function):
         return grad_x, grad_base, grad_spline, grad_scaler, None, None, None
 
 
-# -- compiled kernels: pointwise, coefficient-major (batch, 1 + C, in) ------------------------------
-# Plain torch functions; torch.compile turns each into one fused loop. Called eagerly they compute the
-# same values (slowly), which is what the fallback does when compilation fails mid-step.
-def _cardinal(v: torch.Tensor, spec, derivative: bool) -> torch.Tensor:
-    """The cardinal B-spline ``N(v)`` (or ``dN/dv``) elementwise, ``v = u - j`` for basis j.
-
-    By the truncated powers of :func:`cardinal_terms`: no index, so a non-finite v cannot index out
-    of range; it gives NaN (``s * 0`` below), which must reach the features.
-    """
-    half, terms = spec  # from cardinal_terms()
-    k = round(2 * half) - 1
-    d = v - half
-    s = d.abs()
-    out = s * 0.0
-    for o, c in terms:
-        p = (o - s).clamp_min(0.0)  # (o - s)_+
-        if derivative:
-            # k = 1: the derivative of (o - s)_+ is the step [s < o]; pow(0, 0) would give 1 at s >= o
-            q = torch.where(s < o, 1.0, 0.0) if k == 1 else p ** (k - 1)
-            out = out + (-k * c) * q
-        else:
-            out = out + c * p ** k
-    if derivative:
-        out = torch.where(d < 0, -out, out)  # dN/dv = sign(v - half) dN/ds, right-continuous at the centre
-    return out
-
-
-def _offsets(x, shift, inv_h, n_coeff: int):
-    """``(batch, C, in)``: ``u - j`` for every basis j."""
-    u = torch.addcmul(shift, x, inv_h).unsqueeze(1)  # (batch, 1, in)
-    return u - torch.arange(n_coeff, device=x.device, dtype=x.dtype).unsqueeze(-1)
-
-
-def _pointwise_features(x, shift, inv_h, n_coeff: int, terms):
-    """``(batch, 1 + C, in)`` features ``[silu(x), B_0(x) .. B_{C-1}(x)]``, coefficient-major so the
-    innermost loop runs over the inputs and vectorises."""
-    return torch.cat([F.silu(x).unsqueeze(1), _cardinal(_offsets(x, shift, inv_h, n_coeff), terms, False)], 1)
-
-
-def _silu_grad(x):
-    """d silu / dx, elementwise."""
-    sig = torch.sigmoid(x)
-    return sig * (1 + x * (1 - sig))
-
-
-def _pointwise_grad_x(gf, x, shift, inv_h, n_coeff: int, terms):
-    """``(batch, in)`` d loss / dx from ``gf = d loss / d features: (batch, 1 + C, in)``."""
-    g_u = (gf[:, 1:] * _cardinal(_offsets(x, shift, inv_h, n_coeff), terms, True)).sum(1)  # d loss / du
-    return gf[:, 0] * _silu_grad(x) + g_u * inv_h
-
-
-def _pointwise_features_and_grad_x(gf, x, shift, inv_h, n_coeff: int, terms):
-    """:func:`_pointwise_features` and :func:`_pointwise_grad_x` in one fused pass."""
-    return (_pointwise_features(x, shift, inv_h, n_coeff, terms),
-            _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, terms))
-
-
-def _base_grad(gw):
-    """``(out, in)`` gradient of base_weight from ``gw: (out, 1 + C, in)``, cloned with the parameter's strides, not
-    made ``.contiguous()``: for one output, ``gw[:, 0]`` counts as contiguous with strides ``((1 + C) * in, 1)``, and
-    DDP copied it into its bucket with a warning ("Grad strides do not match bucket view strides") every run."""
-    return gw[:, 0].clone(memory_format=torch.contiguous_format)
-
-
-def _weight_grads(gw, spline_weight, spline_scaler):
-    """``(out, in)``, ``(out, in, C)``, ``(out, in)`` gradients of base, spline and scaler from the
-    coefficient-major fused weight's gradient ``gw: (out, 1 + C, in)``, contiguous in the parameters'
-    layout (strided gradients would make gradient accumulation slow)."""
-    g_scaled = gw[:, 1:].transpose(1, 2)  # (out, in, C)
-    return (_base_grad(gw), (g_scaled * spline_scaler.unsqueeze(-1)).contiguous(),
-            (g_scaled * spline_weight).sum(-1))
-
-
-def _small_out_forward(x, shift, inv_h, n_coeff: int, terms, w3):
-    """``(batch, out)`` for a layer with few outputs; w3: ``(out, 1 + C, in)``. The GEMM would be a
-    matrix-vector product bound by writing and reading the features; fused, they never exist."""
-    f = _pointwise_features(x, shift, inv_h, n_coeff, terms)  # (batch, 1 + C, in), fused away
-    return (f.unsqueeze(1) * w3).sum((2, 3))
-
-
-def _small_out_grads(f, grad_x_of, g, w3, spline_weight, spline_scaler, need_x: bool):
-    """The few-output backward from the features ``f: (batch, 1 + C, in)`` (fused away) and ``grad_x_of(gf)``,
-    d loss / dx from d loss / d features: ``(grad_x or None, grad_base, grad_spline, grad_scaler or None)``."""
-    gw = (g[:, :, None, None] * f.unsqueeze(1)).sum(0)  # (out, 1 + C, in): d loss / d fused weight
-    grad_x = None
-    if need_x:
-        grad_x = grad_x_of((g[:, :, None, None] * w3).sum(1))  # gf: (batch, 1 + C, in), fused away
-    if spline_scaler is None:
-        return grad_x, _base_grad(gw), gw[:, 1:].transpose(1, 2).contiguous(), None
-    return (grad_x, *_weight_grads(gw, spline_weight, spline_scaler))
-
-
-def _small_out_backward(g, w3, x, shift, inv_h, n_coeff: int, terms, spline_weight, spline_scaler, need_x: bool):
-    """Backward of a few-output layer in one fused pass: ``(grad_x or None, grad_base, grad_spline,
-    grad_scaler or None)`` from ``g = d loss / d y: (batch, out)``; features never materialised."""
-    return _small_out_grads(_pointwise_features(x, shift, inv_h, n_coeff, terms),
-                            lambda gf: _pointwise_grad_x(gf, x, shift, inv_h, n_coeff, terms),
-                            g, w3, spline_weight, spline_scaler, need_x)
-
-
-# -- compiled kernels on non-uniform knots (KnotGrid): the same kernels, another basis ---------------
-# Separate functions, not a switch inside the ones above: dynamo's recompile limit counts per function, and
-# a recipe run meets three grid sizes at two batch shapes on these alone.
-def _knot_basis(x, knots_t, inv, n_coeff: int, k: int, derivative: bool):
-    """``(batch, C, in)``: ``B_j(x_i)`` (or ``dB_j/dx``) for every basis j, coefficient-major.
-
-    Cox-de Boor's recursion on the k + 2 knots ``t_j .. t_{j+k+1}`` of basis j's support: k + 1 interval
-    indicators from k + 2 comparisons, then ``k (k + 1) / 2`` blends, each a few elementwise operations on knot
-    rows sliced from the parameter-sized ``knots_t: (n, in)`` and ``inv: (k, n, in)`` (no index depends on x, so
-    inductor fuses it all into one loop). ``dB_j/dx = k (B^{k-1}_j inv_k[j] - B^{k-1}_{j+1} inv_k[j+1])``. A non-finite x
-    gives NaN (``(x - t) * 0``), as the reference does.
-    """
-    xs = x.unsqueeze(1)  # (batch, 1, in)
-    t = [knots_t[r:r + n_coeff] for r in range(k + 2)]  # t[r]: (C, in), knot j + r of basis j
-    ge = [(xs >= t[r]).to(x.dtype) for r in range(k + 2)]
-    b = [ge[r] - ge[r + 1] for r in range(k + 1)]  # order 0 on interval j + r: [t_{j+r} <= x < t_{j+r+1}]
-    for d in range(1, k if derivative else k + 1):
-        # w_r = (x - t_{j+r}) / (t_{j+r+d} - t_{j+r}); the right factor (t_{j+r+d+1} - x) / (t_{j+r+d+1} - t_{j+r+1})
-        # is 1 - w_{r+1}: each blend weight is computed once and used twice (half the work, same to rounding)
-        w = [(xs - t[r]) * inv[d - 1, r:r + n_coeff] for r in range(k + 2 - d)]
-        b = [w[r] * b[r] + (1 - w[r + 1]) * b[r + 1] for r in range(k + 1 - d)]  # order d, knots j + r .. + d + 1
-    if derivative:
-        return k * (b[0] * inv[k - 1, :n_coeff] - b[1] * inv[k - 1, 1:1 + n_coeff])
-    return b[0]
-
-
-def _knot_features(x, knots_t, inv, n_coeff: int, k: int):
-    """``(batch, 1 + C, in)`` features ``[silu(x), B_0(x) .. B_{C-1}(x)]`` on non-uniform knots."""
-    return torch.cat([F.silu(x).unsqueeze(1), _knot_basis(x, knots_t, inv, n_coeff, k, False)], 1)
-
-
-def _knot_grad_x(gf, x, knots_t, inv, n_coeff: int, k: int):
-    """``(batch, in)`` d loss / dx from ``gf = d loss / d features: (batch, 1 + C, in)``, non-uniform knots."""
-    return gf[:, 0] * _silu_grad(x) + (gf[:, 1:] * _knot_basis(x, knots_t, inv, n_coeff, k, True)).sum(1)
-
-
-def _knot_features_and_grad_x(gf, x, knots_t, inv, n_coeff: int, k: int):
-    """:func:`_knot_features` and :func:`_knot_grad_x` in one fused pass."""
-    return _knot_features(x, knots_t, inv, n_coeff, k), _knot_grad_x(gf, x, knots_t, inv, n_coeff, k)
-
-
-def _knot_small_out_forward(x, knots_t, inv, n_coeff: int, k: int, w3):
-    """:func:`_small_out_forward` on non-uniform knots."""
-    return (_knot_features(x, knots_t, inv, n_coeff, k).unsqueeze(1) * w3).sum((2, 3))
-
-
-def _knot_small_out_backward(g, w3, x, knots_t, inv, n_coeff: int, k: int, spline_weight, spline_scaler,
-                             need_x: bool):
-    """:func:`_small_out_backward` on non-uniform knots."""
-    return _small_out_grads(_knot_features(x, knots_t, inv, n_coeff, k),
-                            lambda gf: _knot_grad_x(gf, x, knots_t, inv, n_coeff, k),
-                            g, w3, spline_weight, spline_scaler, need_x)
-
-
-class _Kernels(NamedTuple):
-    """The compiled kernels of one kind of grid (all take ``x`` and then the grid's ``kernel_args()``)."""
-
-    features: object
-    features_and_grad_x: object
-    small_out_forward: object
-    small_out_backward: object
-
-
-_KERNELS = {
-    "UniformGrid": _Kernels(_pointwise_features, _pointwise_features_and_grad_x, _small_out_forward,
-                            _small_out_backward),
-    "KnotGrid": _Kernels(_knot_features, _knot_features_and_grad_x, _knot_small_out_forward,
-                         _knot_small_out_backward),
-}
-
-
-class CompileUnavailable(RuntimeError):
-    """torch.compile cannot run a kernel here (recorded per device type; the layer runs eagerly)."""
-
-
-_COMPILED: dict = {}  # kernel -> its torch.compile wrapper (one per kernel: dynamo caches per shape/device)
-_BROKEN: dict = {}  # device type -> why torch.compile failed there; that device's kernels run eagerly
-_WARNED: set = set()
-
-
-def compile_failure(device_type: str) -> str | None:
-    """Why torch.compile failed on ``device_type`` in this process, or ``None`` if it has not failed."""
-    return _BROKEN.get(device_type)
-
-
-def _warn_once(key, msg: str) -> None:
-    if key not in _WARNED:
-        _WARNED.add(key)
-        warnings.warn(msg, RuntimeWarning, stacklevel=4)
-
-
-def _alias_without_spaces(target: str, kind: str) -> str | None:
-    """A whitespace-free symbolic link to ``target`` in a private folder of the temporary directory (made
-    atomically, so that the ranks of a launch may race), or None where that folder's own path has whitespace."""
-    import hashlib
-    import tempfile
-
-    base = os.path.join(tempfile.gettempdir(), f"kanlib-paths-{os.getuid() if hasattr(os, 'getuid') else 0}")
-    if any(c.isspace() for c in base):
-        return None
-    link = os.path.join(base, f"{kind}-{hashlib.sha1(target.encode()).hexdigest()[:12]}")
-    if os.path.islink(link) and os.path.realpath(link) == os.path.realpath(target):
-        return link
-    os.makedirs(base, mode=0o700, exist_ok=True)
-    tmp = f"{link}.{os.getpid()}.{threading.get_ident()}"
-    os.symlink(target, tmp)
-    os.replace(tmp, link)
-    return link
-
-
-def compile_paths_without_spaces() -> dict:
-    """Let inductor's C++ builds run where a path it passes to the compiler has whitespace.
-
-    torch (2.13) writes the CPU compiler's command line as one string and splits it on whitespace, its own
-    include and library folders and the output file unquoted: with torch installed under a folder whose path
-    has a space (a checkout in ``~/My Projects``, a virtual environment inside it) or an inductor cache folder
-    with one, every CPU compile fails ("C++ compile error") and the KAN layers run the eager fast path; a
-    default study in such a clone ran every run on ``fast``. This points inductor at whitespace-free symbolic
-    links to those folders (``<tmp>/kanlib-paths-<uid>/``; same files, same cache). Returns what it aliased
-    (``{"torch": link, "cache": link}``, empty where nothing had whitespace); idempotent; a failure leaves
-    things as they were, for the first compile to report."""
-    done = {}
-    try:
-        import torch.utils.cpp_extension as cpp_extension
-        from torch._inductor import cpp_builder
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-        torch_dir = getattr(cpp_extension, "_TORCH_PATH", "")
-        if any(c.isspace() for c in torch_dir):
-            link = _alias_without_spaces(torch_dir, "torch")
-            if link:
-                cpp_extension._TORCH_PATH = link
-                cpp_extension.TORCH_LIB_PATH = os.path.join(link, "lib")
-                if hasattr(cpp_builder, "_TORCH_PATH"):
-                    cpp_builder._TORCH_PATH = link
-                    cpp_builder._LINKER_SCRIPT = os.path.join(link, "_inductor", "script.ld")
-                done["torch"] = link
-        cache = cache_dir()  # creates it, and fixes TORCHINDUCTOR_CACHE_DIR to its absolute path
-        if any(c.isspace() for c in cache):
-            link = _alias_without_spaces(cache, "inductor-cache")
-            if link:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = link
-                done["cache"] = link
-    except Exception:  # noqa: BLE001 - the first compile reports the real problem
-        pass
-    return done
-
-
-_PREPARING: dict = {}
-
-
-def prepare_compile(device_type: str = "cpu", background: bool = True) -> None:
-    """Pay torch.compile's per-process set-up now, in a background thread by default.
-
-    Every fresh process that compiles (even with a warm inductor cache) first imports inductor
-    (~0.9 s here) and, for CPU kernels, probes the vector ISAs by compiling and loading small
-    libraries in subprocesses (~1.3 s here, mostly waiting). A launcher that calls this at start-up
-    overlaps that with its rendezvous and data loading, so that the first compiled step only traces
-    and loads cached kernels. Idempotent; errors are left for the first real compile to report.
-    Call it before forking worker processes, not while they start.
-    """
-    if device_type in _PREPARING:
-        return
-
-    def work():
-        try:
-            import torch._inductor.compile_fx  # noqa: F401
-            compile_paths_without_spaces()
-            if device_type == "cpu":
-                remember_isa_probes()
-                from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-                pick_vec_isa()
-        except Exception:  # noqa: BLE001 - the first compile reports the real problem
-            pass
-
-    if background:
-        thread = threading.Thread(target=work, name="kanlib-prepare-compile", daemon=True)
-        _PREPARING[device_type] = thread
-        thread.start()
-    else:
-        _PREPARING[device_type] = None
-        work()
-
-
-def wait_prepared() -> None:
-    """Wait for :func:`prepare_compile`'s background imports to end.
-
-    Call it before this thread imports torch._dynamo or torch._inductor itself: two threads importing
-    the same circle of modules at once deadlock on Python's module locks (``_DeadlockError``), which is
-    what a run did when it read dynamo's compile time while the thread was still importing inductor.
-    """
-    for thread in list(_PREPARING.values()):
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-
-ISA_PROBES_NAME = "kanlib-vec-isa-probes.json"
-
-
-def remember_isa_probes() -> None:
-    """Make inductor's CPU vector-ISA probe a one-time cost per host, not per process.
-
-    Before its first CPU kernel every process checks each vector ISA the CPU has (AVX-512, AVX2) by
-    building a tiny library (cached on disk) and then loading it in a child Python, one child per ISA:
-    about 1.3 s here, paid by every run of a sweep. This wraps that load probe so that a success is
-    remembered in ``<inductor cache dir>/kanlib-vec-isa-probes.json``, keyed by host, torch, Python and
-    the library's path (which encodes the ISA flags and the compiler), and later processes of the same
-    key skip the child. A failure is never remembered (it is probed again), inductor's settings and
-    therefore its cache keys are unchanged, and where torch has no such probe this does nothing.
-    """
-    try:
-        from torch._inductor import cpu_vec_isa
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-    except ImportError:
-        return
-    original = getattr(cpu_vec_isa.VecISA, "_probe_load", None)
-    if original is None or getattr(original, "kanlib_remembers", False):
-        return
-    store = os.path.join(cache_dir(), ISA_PROBES_NAME)
-    prefix = f"{socket.gethostname()}|{torch.__version__}|{sys.executable}|"
-
-    def probe_load(self, output_path: str) -> bool:
-        key = prefix + output_path
-        try:
-            with open(store) as f:
-                known = json.load(f)
-        except (OSError, ValueError):
-            known = {}
-        if known.get(key) is True and os.path.isfile(output_path):
-            return True
-        ok = original(self, output_path)
-        if ok:
-            known[key] = True
-            tmp = f"{store}.{os.getpid()}.{threading.get_ident()}.tmp"
-            try:
-                os.makedirs(os.path.dirname(store), exist_ok=True)
-                with open(tmp, "w") as f:
-                    json.dump(known, f)
-                os.replace(tmp, store)  # concurrent writers: the last wins, a lost key is probed again
-            except OSError:
-                pass
-        return ok
-
-    probe_load.kanlib_remembers = True
-    cpu_vec_isa.VecISA._probe_load = probe_load
-
-
-def _run_compiled(fn, *args):
-    """``torch.compile(fn)(*args)``; raises :class:`CompileUnavailable` where it cannot run.
-
-    A compile error (no C++ compiler, unsupported platform, inductor bug) marks the device type broken
-    for the rest of the process, with one warning. Past dynamo's recompile limit (each kernel compiles
-    once per shape, static shapes: about 8% faster than dynamic ones here) only that call runs eagerly.
-    """
-    device_type = next(a for a in args if isinstance(a, torch.Tensor)).device.type
-    if device_type in _BROKEN:
-        raise CompileUnavailable(_BROKEN[device_type])
-    try:
-        if fn not in _COMPILED:
-            compile_paths_without_spaces()
-            if device_type == "cpu":
-                remember_isa_probes()
-            # fullgraph: a graph break would leave part of the kernel eager without telling anyone, and
-            # it makes the recompile limit raise instead of silently running eagerly.
-            _COMPILED[fn] = torch.compile(fn, dynamic=False, fullgraph=True)
-        return _outside_ddp(_COMPILED[fn], args)
-    except Exception as e:  # noqa: BLE001 - any failure of the compiler means "run eagerly"
-        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:200]
-        if type(e).__name__ == "FailOnRecompileLimitHit":
-            _warn_once(("limit", fn.__name__), f"kanlib: torch.compile recompile limit reached for "
-                       f"{fn.__name__}; new shapes of it run eagerly (raise torch._dynamo.config.recompile_limit)")
-            raise CompileUnavailable(reason) from e
-        _BROKEN[device_type] = reason
-        _warn_once(device_type, f"kanlib: torch.compile unavailable on {device_type} ({reason}); "
-                   f"KAN layers there run the eager fast path")
-        raise CompileUnavailable(reason) from e
-
-
-def _outside_ddp(compiled, args):
-    """``compiled(*args)`` with no DDP module marked active.
-
-    Inside a DDP forward dynamo hands every frame it compiles to its DDPOptimizer, which splits a model's graph
-    at DDP's bucket boundaries and refuses a bucket cap below DDP's first bucket (1 MiB): a kernel first
-    compiled in a run with ``bucket_cap_mb=0.01`` failed ("First bucket should be smaller/equal to other
-    buckets"), and compiling stayed off for every later run of that worker group. These kernels hold no
-    parameters, so there is nothing to split; DDP's own marker is restored at once (a class attribute)."""
-    active = getattr(DDP, "_active_ddp_module", None)
-    if active is None:
-        return compiled(*args)
-    DDP._active_ddp_module = None
-    try:
-        return compiled(*args)
-    finally:
-        DDP._active_ddp_module = active
-
-
-def _call(paths: set, fn, *args):
-    """``fn(*args)`` compiled where possible, else eagerly (same values); records which one ran."""
-    try:
-        out = _run_compiled(fn, *args)
-        paths.add("compiled")
-        return out
-    except CompileUnavailable:
-        paths.add("fast")
-        return fn(*args)
-
-
 class _CompiledKAN(torch.autograd.Function):
     """Exact KAN layer on a uniform grid with torch.compile'd pointwise kernels, coefficient-major.
 
@@ -1015,14 +469,14 @@ class _CompiledKAN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, base_weight, spline_weight, spline_scaler, grid, gemm_dtype, paths):
         n_out, n_in, n_coeff = spline_weight.shape
-        kernels = _KERNELS[type(grid).__name__]
+        kernels = KERNELS[type(grid).__name__]
         w = _fused_weight(base_weight, spline_weight, spline_scaler, coeff_major=True)  # (out, (1 + C) * in)
         if n_out <= SMALL_OUT:
             # computed in x's dtype; cast to what the GEMM would return under autocast
-            y = _run_compiled(kernels.small_out_forward, x, *grid.kernel_args(), w.view(n_out, -1, n_in)).to(gemm_dtype)
+            y = run_compiled(kernels.small_out_forward, x, *grid.kernel_args(), w.view(n_out, -1, n_in)).to(gemm_dtype)
         else:
             w = w.to(gemm_dtype)
-            feats = _run_compiled(kernels.features, x, *grid.kernel_args())
+            feats = run_compiled(kernels.features, x, *grid.kernel_args())
             y = feats.view(x.shape[0], -1).to(gemm_dtype) @ w.t()  # (batch, out)
         paths.add("compiled")
         ctx.save_for_backward(x, w, spline_weight, spline_scaler)
@@ -1039,23 +493,23 @@ class _CompiledKAN(torch.autograd.Function):
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1:4]
         grad_x = gw = feats = None
         if n_out <= SMALL_OUT:  # one fused kernel, features never materialised
-            grads = _call(paths, kernels.small_out_backward, grad_y.to(x.dtype), w.view(n_out, -1, n_in), *consts,
-                          spline_weight, spline_scaler, need_x)
+            grads = compiled_or_eager(paths, kernels.small_out_backward, grad_y.to(x.dtype), w.view(n_out, -1, n_in),
+                                      *consts, spline_weight, spline_scaler, need_x)
             return (*grads, None, None, None)
         grad_y = grad_y.to(gdt)
         if need_x:
             gf = (grad_y @ w).to(x.dtype).view(-1, 1 + n_coeff, n_in)  # (batch, 1 + C, in)
-            feats, grad_x = _call(paths, kernels.features_and_grad_x, gf, *consts)
+            feats, grad_x = compiled_or_eager(paths, kernels.features_and_grad_x, gf, *consts)
         elif any(need_w):
-            feats = _call(paths, kernels.features, *consts)
+            feats = compiled_or_eager(paths, kernels.features, *consts)
         if any(need_w):
             gw = (grad_y.t() @ feats.view(x.shape[0], -1).to(gdt)).to(spline_weight.dtype)
         if not any(need_w):
             return grad_x, None, None, None, None, None, None
         gw = gw.view(n_out, 1 + n_coeff, n_in)
         if spline_scaler is None:
-            return grad_x, _base_grad(gw), gw[:, 1:].transpose(1, 2).contiguous(), None, None, None, None
-        grad_base, grad_spline, grad_scaler = _call(paths, _weight_grads, gw, spline_weight, spline_scaler)
+            return grad_x, base_grad(gw), gw[:, 1:].transpose(1, 2).contiguous(), None, None, None, None
+        grad_base, grad_spline, grad_scaler = compiled_or_eager(paths, weight_grads, gw, spline_weight, spline_scaler)
         return grad_x, grad_base, grad_spline, grad_scaler, None, None, None
 
 
@@ -1066,8 +520,8 @@ def kan_linear(x: torch.Tensor, base_weight: torch.Tensor, spline_weight: torch.
 
     x: ``(batch, in)`` in the compute dtype (float32 or float64); base_weight ``(out, in)``, spline_weight
     ``(out, in, C)``, spline_scaler ``(out, in)`` or ``None``, all in x's dtype; ``grid`` from
-    :func:`uniform_grid` (the closed form) or :func:`knot_grid` (any strictly increasing knots), in x's dtype
-    and device (``grid.like(x)``). ``mode``: ``"fast"`` (eager) or ``"compiled"``
+    :func:`uniform_grid` (the closed form) or :func:`kanlib.knots.knot_grid` (any strictly increasing knots), in
+    x's dtype and device (``grid.like(x)``). ``mode``: ``"fast"`` (eager) or ``"compiled"``
     (falls back to ``"fast"`` where torch.compile cannot run). ``gemm_dtype``: the dtype of the GEMMs and
     of the output (an autocast dtype; default x's). The path that actually ran, in forward and later in
     backward, is added to ``paths`` (``"compiled"`` or ``"fast"``).

@@ -5,7 +5,8 @@ Layers (each takes ``(..., in)`` and returns ``(..., out)``; :class:`_Layer` che
 :class:`KANLinear` (exact B-spline; ``impl`` "compiled", "fast" or "reference"), :class:`RBFKANLinear`
 (Gaussian RBFs), :class:`ChebyKANLinear` (Chebyshev polynomials). Stacks (:class:`_LayerStack`):
 :class:`KAN`, :class:`RBFKAN`, :class:`ChebyKAN` and the baseline :class:`MLP`; :func:`matched_mlp`.
-The fast B-spline kernels live in :mod:`kanlib.fast_kan`; :func:`kernel_paths` says which ran.
+The fast B-spline kernels live in :mod:`kanlib.fast_kan` (on data-adaptive knots
+:mod:`kanlib.knots`); :func:`kernel_paths` says which ran.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from torch import nn
 
 from kanlib import fast_kan
 from kanlib.bspline import bspline_basis, make_grid
+from kanlib.compiling import wait_prepared
 from kanlib.config import KanImpl
+from kanlib.knots import KnotGrid, knot_grid
 
 KAN_IMPLS = get_args(KanImpl)  # the strings of RunConfig.kan_impl, defined once in kanlib.config
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -78,7 +81,7 @@ class KANLinear(_Layer):
     On a grid uniform to within its dtype's rounding (:func:`kanlib.fast_kan.uniform_grid`: the initial
     grid, or one refit by :meth:`update_grid` with ``grid_eps=1``) they use the uniform closed form; on any
     other strictly increasing knots (``grid_eps < 1``, hand-edited knots) Cox-de Boor on the knots of each
-    basis's support (:func:`kanlib.fast_kan.knot_grid`). Only knots that are not strictly increasing leave
+    basis's support (:func:`kanlib.knots.knot_grid`). Only knots that are not strictly increasing leave
     the layer on the reference computation; :func:`kernel_paths` reports what actually ran. Under bf16/fp16
     autocast the basis is computed in float32 and only the GEMMs run in the autocast dtype. Non-finite inputs
     give non-finite outputs.
@@ -108,7 +111,7 @@ class KANLinear(_Layer):
         self.register_buffer("grid", make_grid(in_features, grid_size, spline_order, grid_range))
         self.paths_run: set[str] = set()  # kernel paths executed since construction / reset_kernel_paths
         self._uniform: fast_kan.UniformGrid | None = None
-        self._knots: fast_kan.KnotGrid | None = None  # where the grid is not uniform
+        self._knots: KnotGrid | None = None  # where the grid is not uniform
         self._grid_seen = None
         self.refresh_grid()
         self.register_load_state_dict_post_hook(lambda module, _keys: module.refresh_grid())
@@ -145,13 +148,13 @@ class KANLinear(_Layer):
     def refresh_grid(self) -> None:
         """Recompute the kernels' constants from ``self.grid``: the closed form's
         (:class:`kanlib.fast_kan.UniformGrid`) on a uniform grid, else the knot tables
-        (:class:`kanlib.fast_kan.KnotGrid`; ``None`` for knots that are not strictly increasing).
+        (:class:`kanlib.knots.KnotGrid`; ``None`` for knots that are not strictly increasing).
 
         Called by ``__init__``, :meth:`update_grid`, ``load_state_dict`` and ``.to()``; an in-place write
         to ``self.grid`` is also noticed (by its version counter) at the next forward.
         """
         self._uniform = fast_kan.uniform_grid(self.grid, self.spline_order)
-        self._knots = None if self._uniform is not None else fast_kan.knot_grid(self.grid, self.spline_order)
+        self._knots = None if self._uniform is not None else knot_grid(self.grid, self.spline_order)
         self._grid_seen = (self.grid.data_ptr(), self.grid._version)
 
     def _check_grid(self) -> None:
@@ -599,7 +602,7 @@ def compile_seconds() -> float:
     With a warm inductor cache (``TORCHINDUCTOR_CACHE_DIR``, FX graph and AOTAutograd caches on by
     default) this is dynamo's tracing plus cache loads, not a full compilation.
     """
-    fast_kan.wait_prepared()  # never import dynamo while prepare_compile's thread imports inductor
+    wait_prepared()  # never import dynamo while prepare_compile's thread imports inductor
     try:
         from torch._dynamo.utils import compilation_time_metrics
     except ImportError:

@@ -99,7 +99,7 @@ def train(cfg: RunConfig, group: distributed.Group | None = None) -> RunRecord |
     run uses its process group and stop request and leaves them as they are. Without one, the run sets up
     its own process group and tears it down at the end."""
     if cfg.model == "kan" and cfg.kan_impl == "compiled":
-        from kanlib.fast_kan import prepare_compile
+        from kanlib.compiling import prepare_compile
 
         prepare_compile(distributed.resolve_device(cfg.device))  # overlaps inductor's set-up with the rendezvous
     with contextlib.nullcontext(group) if group is not None else distributed.own_group(cfg) as group:

@@ -170,7 +170,7 @@ def _prepare_process(configs: list) -> None:
 
     cfg = configs[0]
     if any(getattr(c, "kan_impl", "") == "compiled" and getattr(c, "model", "") == "kan" for c in configs):
-        from kanlib.fast_kan import prepare_compile
+        from kanlib.compiling import prepare_compile
 
         prepare_compile(distributed.resolve_device(cfg.device))
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):

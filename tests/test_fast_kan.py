@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kanlib import fast_kan
+from kanlib import compiling, fast_kan, pointwise
 from kanlib.bspline import bspline_basis, make_grid
 from kanlib.config import RunConfig
 from kanlib.model import KAN, KANLinear, build_model, kernel_paths, reset_kernel_paths
@@ -26,7 +26,7 @@ def fresh_dynamo():
     """An empty dynamo cache, so earlier tests' shapes do not count towards its recompile limit, and no
     once-per-process warning already spent by an earlier test."""
     torch._dynamo.reset()
-    fast_kan._WARNED.clear()
+    compiling._WARNED.clear()
     yield
     torch._dynamo.reset()
 
@@ -174,7 +174,7 @@ def test_production_basis_matches_cox_de_boor():
         torch.testing.assert_close(fast_kan.basis(x, ug), bspline_basis(x, grid, order),
                                    rtol=1e-12, atol=1e-12)
         # the compiled kernels' form of the same basis, called eagerly
-        f = fast_kan._pointwise_features(x, ug.shift, ug.inv_h, ug.n_coeff, fast_kan.cardinal_terms(order))
+        f = pointwise.KERNELS["UniformGrid"].features(x, *ug.kernel_args())
         torch.testing.assert_close(f[:, 1:].transpose(1, 2), bspline_basis(x, grid, order), rtol=1e-12, atol=1e-12)
 
 
@@ -383,11 +383,11 @@ def test_fast_without_standalone_scale(impl, fresh_dynamo):
 
 
 def test_compile_failure_on_one_device_type_leaves_others_compiled(fresh_dynamo, monkeypatch):
-    monkeypatch.setitem(fast_kan._BROKEN, "cuda", "RuntimeError: no compiler")
+    monkeypatch.setitem(compiling._BROKEN, "cuda", "RuntimeError: no compiler")
     layer = KANLinear(3, 4)
     layer(torch.rand(8, 3)).sum().backward()
     assert kernel_paths(layer) == ["compiled"]
-    assert fast_kan.compile_failure("cpu") is None and fast_kan.compile_failure("cuda") is not None
+    assert compiling.compile_failure("cpu") is None and compiling.compile_failure("cuda") is not None
 
 
 def test_recompile_limit_falls_back_per_call_and_says_so(fresh_dynamo):
@@ -397,7 +397,7 @@ def test_recompile_limit_falls_back_per_call_and_says_so(fresh_dynamo):
             x = _inputs(batch, 3, torch.float32)
             torch.testing.assert_close(fast(x), ref(x), rtol=1e-5, atol=1e-5)
     assert kernel_paths(fast) == ["compiled", "fast"]
-    assert fast_kan.compile_failure("cpu") is None  # the device is not marked broken
+    assert compiling.compile_failure("cpu") is None  # the device is not marked broken
 
 
 CHILD = textwrap.dedent("""
@@ -501,9 +501,9 @@ def test_kernels_first_compiled_inside_a_ddp_forward_compile_whatever_the_bucket
 
 
 def test_prepare_compile_is_idempotent_and_leaves_compiling_working(fresh_dynamo):
-    fast_kan.prepare_compile("cpu", background=False)
-    fast_kan.prepare_compile("cpu")  # already done: no second thread
-    assert "cpu" in fast_kan._PREPARING and fast_kan._PREPARING["cpu"] is None
+    compiling.prepare_compile("cpu", background=False)
+    compiling.prepare_compile("cpu")  # already done: no second thread
+    assert "cpu" in compiling._PREPARING and compiling._PREPARING["cpu"] is None
     ref, fast = _pair(2, 3, 4, 2, impl="compiled")
     x = _inputs(16, 2, torch.float32)
     torch.testing.assert_close(fast(x), ref(x), rtol=1e-5, atol=1e-5)
@@ -512,7 +512,6 @@ def test_prepare_compile_is_idempotent_and_leaves_compiling_working(fresh_dynamo
 
 def test_isa_load_probes_are_remembered_per_host_and_failures_are_not(tmp_path, monkeypatch):
     cpu_vec_isa = pytest.importorskip("torch._inductor.cpu_vec_isa")
-    from kanlib import fast_kan
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor cache"))
     calls = []
@@ -522,8 +521,8 @@ def test_isa_load_probes_are_remembered_per_host_and_failures_are_not(tmp_path, 
         return "good" in output_path
 
     monkeypatch.setattr(cpu_vec_isa.VecISA, "_probe_load", fake_probe)
-    fast_kan.remember_isa_probes()
-    fast_kan.remember_isa_probes()  # idempotent: wraps once
+    compiling.remember_isa_probes()
+    compiling.remember_isa_probes()  # idempotent: wraps once
     good, bad = tmp_path / "good.so", tmp_path / "bad.so"
     good.write_bytes(b"")
     bad.write_bytes(b"")
@@ -531,7 +530,7 @@ def test_isa_load_probes_are_remembered_per_host_and_failures_are_not(tmp_path, 
     assert [isa._probe_load(str(good)) for _ in range(3)] == [True] * 3
     assert [isa._probe_load(str(bad)) for _ in range(2)] == [False] * 2
     assert calls == [str(good), str(bad), str(bad)]  # a success is probed once, a failure every time
-    store = tmp_path / "inductor cache" / fast_kan.ISA_PROBES_NAME
+    store = tmp_path / "inductor cache" / compiling.ISA_PROBES_NAME
     assert list(json.loads(store.read_text()).values()) == [True]
     good.unlink()  # the library is gone (cache cleaned): probed again, never trusted blindly
     isa._probe_load(str(good))
@@ -543,8 +542,8 @@ def test_reading_compile_time_waits_for_the_background_preparation():
     every compiled run does at start) must not deadlock on Python's module locks (CI saw a
     ``_DeadlockError`` from torch._inductor's import in that race)."""
     code = (
-        "from kanlib import fast_kan, model\n"
-        "fast_kan.prepare_compile('cpu')\n"
+        "from kanlib import compiling, model\n"
+        "compiling.prepare_compile('cpu')\n"
         "print(model.compile_seconds())\n"
     )
     for _ in range(3):
