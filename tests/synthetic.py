@@ -322,3 +322,35 @@ def twin_records(kan=(0.008, 0.002, 0.004), mlp=(0.002, 0.002, 0.004), placement
                                bucket_bytes=[4 * n_params], **common))
                 out.append(rec(comm_hook="noop", step_time_s=noop * f, **common))
     return out
+
+
+def tta_run(placement, steps_to, step_s, first_s=None, repeat=0, warmup=5, compile_s=0.0, slow_step=None,
+            attempts=(0,), **kw):
+    """A time-to-accuracy record and its ``steps.csv`` rows: ``steps_to`` steps of ``step_s`` (x 1.01^repeat, as
+    :func:`tta_rec`), the first ``warmup`` unmeasured; step 0 took ``first_s`` when given (compiling), and
+    ``slow_step=(step, s)`` one measured step that long. The record's ``time_to_target_s`` is the sum of every row's
+    time, as kanlib.train sums the step walls; ``attempts``: the attempts the rows split into, evenly."""
+    times = [step_s * (1 + 0.01 * repeat)] * steps_to
+    if first_s is not None:
+        times[0] = first_s
+    if slow_step is not None:
+        times[slow_step[0]] = slow_step[1]
+    r = tta_rec(placement, kw.pop("batch", 256), steps_to, step_s, repeat=repeat, compile_s=compile_s, **kw)
+    r["time_to_target_s"] = float(sum(times))
+    per = -(-steps_to // len(attempts))
+    rows = [{"step": s, "measured": int(s >= warmup and attempts[s // per] == attempts[-1]),
+             "attempt": attempts[s // per], "step_time_s": t, "val_loss": 0.019 if s == steps_to - 1 else ""}
+            for s, t in enumerate(times)]
+    return r, rows
+
+
+def write_tta_runs(root, runs, without_steps=()):
+    """Write the records of :func:`tta_run` pairs under ``root`` and each one's ``steps.csv`` (not for the indices
+    in ``without_steps``); returns the run folders in order."""
+    start = len(load.find_record_files(str(root)))
+    write_records(root, [r for r, _ in runs])
+    dirs = [os.path.join(root, "time_to_accuracy", f"run{i}") for i in range(start, start + len(runs))]
+    for i, (d, (_, rows)) in enumerate(zip(dirs, runs)):
+        if i not in without_steps:
+            write_steps(d, rows)
+    return dirs
