@@ -354,3 +354,31 @@ def write_tta_runs(root, runs, without_steps=()):
         if i not in without_steps:
             write_steps(d, rows)
     return dirs
+
+
+# -- one model measured by several studies ---------------------------------------------------------------
+def default_study_overlap():
+    """What one default study measured of [32, 128, 128, 1] (compiled) at 1x2, by three studies: strong scaling at
+    global batch 8192 (76%), weak scaling at 2048 per process (87%) and compounding at global batch 4096 (93%, one
+    run), each with its own steps and warm-up; and a model only strong scaling measured ([2, 32, 32, 1])."""
+    common = dict(model="kan", widths=[32, 128, 128, 1], grid_size=5, spline_order=3, kan_impl="compiled",
+                  kan_path="compiled", precision="fp32", task="highdim")
+    out = []
+    for r in range(5):
+        f = 1 + 0.01 * r
+        out += [rec(study="strong_scaling", world_size=1, global_batch=8192, step_time_s=0.800 * f, steps=72,
+                    warmup_steps=4, repeat=r, **common),
+                rec(study="strong_scaling", world_size=2, global_batch=8192, step_time_s=0.800 / 1.52 * f, steps=72,
+                    warmup_steps=4, repeat=r, **common),
+                rec(study="weak_scaling", world_size=1, global_batch=2048, step_time_s=0.174 * f, steps=80,
+                    warmup_steps=4, repeat=r, **common),
+                rec(study="weak_scaling", world_size=2, global_batch=4096, step_time_s=0.200 * f, steps=80,
+                    warmup_steps=4, repeat=r, **common),
+                rec(study="strong_scaling", world_size=1, global_batch=512, step_time_s=0.010 * f, steps=72,
+                    warmup_steps=4, repeat=r, **dict(common, widths=[2, 32, 32, 1])),
+                rec(study="strong_scaling", world_size=2, global_batch=512, step_time_s=0.006 * f, steps=72,
+                    warmup_steps=4, repeat=r, **dict(common, widths=[2, 32, 32, 1]))]
+    for impl, t1, t2 in (("compiled", 0.400, 0.215), ("reference", 1.2, 0.7)):
+        out += [rec(study="compounding", world_size=w, global_batch=4096, step_time_s=t, steps=12, warmup_steps=3,
+                    **dict(common, kan_impl=impl, kan_path=impl)) for w, t in ((1, t1), (2, t2))]
+    return out
