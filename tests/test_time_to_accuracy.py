@@ -145,7 +145,7 @@ def test_a_run_whose_compilation_cannot_be_kept_out_is_named(tmp_path):
     assert len(named) == 2 and all(n in " ".join(named) for n in (names[2], names[3], names[4]))
     assert "1x2: the time to target of 2 of 3 run(s) still holds its warm-up and compilation" in named[1]
     shown = time_to_accuracy.display_table(time_to_accuracy.table(df)).set_index("placement")
-    assert shown.loc["1x2", "warm-up taken out"].endswith("kept in 2 run(s), named below")
+    assert shown.loc["1x2", "warm-up taken out (s)"].endswith("kept in 2 run(s), named below")
 
 
 @pytest.mark.slow

@@ -390,7 +390,8 @@ def warmup_lines(t: pd.DataFrame) -> list[str]:
     if np.isfinite(out).any():
         lines.append(f"Compilation kept out of the time to target: each run's warm-up steps (kernels compile, DDP "
                      f"builds its buckets) count at its median measured step, which took out a median of "
-                     f"{fmt.sec(float(np.nanmedian(out)))} per point (up to {fmt.sec(float(np.nanmax(out)))}).")
+                     f"{fmt.sec(float(np.nanmedian(out)))} s per point (its runs' median; up to "
+                     f"{fmt.sec(float(np.nanmax(out)))} s).")
     for _, r in t[t["n_warmup_kept"] > 0].iterrows():
         lines.append(f"{r['series']} ({r['series_batch']}), {r['placement']}: the time to target of "
                      f"{r['n_warmup_kept']} of {r['n_reached']} run(s) still holds its warm-up and compilation, "
@@ -439,7 +440,7 @@ def display_table(t: Table) -> pd.DataFrame:
            "samples to target": d["samples_to_target"].map(lambda v: f"{v:,.0f}" if np.isfinite(v) else "n/a"),
            "time to target (s)": fmt.ci_column(d, "time_to_target_s", fmt.sec, "time_to_target_lo",
                                                "time_to_target_hi"),
-           "warm-up taken out": [(f"{fmt.sec(v)}" if np.isfinite(v) else "none")
+           "warm-up taken out (s)": [(f"{fmt.sec(v)}" if np.isfinite(v) else "none")
                                  + (f"; kept in {k} run(s), named below" if k else "")
                                  for v, k in zip(d["warmup_excess_s"].to_numpy(float), d["n_warmup_kept"])],
            "step (ms)": d["step_time_s"].map(fmt.ms),
