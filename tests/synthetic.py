@@ -322,3 +322,63 @@ def twin_records(kan=(0.008, 0.002, 0.004), mlp=(0.002, 0.002, 0.004), placement
                                bucket_bytes=[4 * n_params], **common))
                 out.append(rec(comm_hook="noop", step_time_s=noop * f, **common))
     return out
+
+
+def tta_run(placement, steps_to, step_s, first_s=None, repeat=0, warmup=5, compile_s=0.0, slow_step=None,
+            attempts=(0,), **kw):
+    """A time-to-accuracy record and its ``steps.csv`` rows: ``steps_to`` steps of ``step_s`` (x 1.01^repeat, as
+    :func:`tta_rec`), the first ``warmup`` unmeasured; step 0 took ``first_s`` when given (compiling), and
+    ``slow_step=(step, s)`` one measured step that long. The record's ``time_to_target_s`` is the sum of every row's
+    time, as kanlib.train sums the step walls; ``attempts``: the attempts the rows split into, evenly."""
+    times = [step_s * (1 + 0.01 * repeat)] * steps_to
+    if first_s is not None:
+        times[0] = first_s
+    if slow_step is not None:
+        times[slow_step[0]] = slow_step[1]
+    r = tta_rec(placement, kw.pop("batch", 256), steps_to, step_s, repeat=repeat, compile_s=compile_s, **kw)
+    r["time_to_target_s"] = float(sum(times))
+    per = -(-steps_to // len(attempts))
+    rows = [{"step": s, "measured": int(s >= warmup and attempts[s // per] == attempts[-1]),
+             "attempt": attempts[s // per], "step_time_s": t, "val_loss": 0.019 if s == steps_to - 1 else ""}
+            for s, t in enumerate(times)]
+    return r, rows
+
+
+def write_tta_runs(root, runs, without_steps=()):
+    """Write the records of :func:`tta_run` pairs under ``root`` and each one's ``steps.csv`` (not for the indices
+    in ``without_steps``); returns the run folders in order."""
+    start = len(load.find_record_files(str(root)))
+    write_records(root, [r for r, _ in runs])
+    dirs = [os.path.join(root, "time_to_accuracy", f"run{i}") for i in range(start, start + len(runs))]
+    for i, (d, (_, rows)) in enumerate(zip(dirs, runs)):
+        if i not in without_steps:
+            write_steps(d, rows)
+    return dirs
+
+
+# -- one model measured by several studies ---------------------------------------------------------------
+def default_study_overlap():
+    """What one default study measured of [32, 128, 128, 1] (compiled) at 1x2, by three studies: strong scaling at
+    global batch 8192 (76%), weak scaling at 2048 per process (87%) and compounding at global batch 4096 (93%, one
+    run), each with its own steps and warm-up; and a model only strong scaling measured ([2, 32, 32, 1])."""
+    common = dict(model="kan", widths=[32, 128, 128, 1], grid_size=5, spline_order=3, kan_impl="compiled",
+                  kan_path="compiled", precision="fp32", task="highdim")
+    out = []
+    for r in range(5):
+        f = 1 + 0.01 * r
+        out += [rec(study="strong_scaling", world_size=1, global_batch=8192, step_time_s=0.800 * f, steps=72,
+                    warmup_steps=4, repeat=r, **common),
+                rec(study="strong_scaling", world_size=2, global_batch=8192, step_time_s=0.800 / 1.52 * f, steps=72,
+                    warmup_steps=4, repeat=r, **common),
+                rec(study="weak_scaling", world_size=1, global_batch=2048, step_time_s=0.174 * f, steps=80,
+                    warmup_steps=4, repeat=r, **common),
+                rec(study="weak_scaling", world_size=2, global_batch=4096, step_time_s=0.200 * f, steps=80,
+                    warmup_steps=4, repeat=r, **common),
+                rec(study="strong_scaling", world_size=1, global_batch=512, step_time_s=0.010 * f, steps=72,
+                    warmup_steps=4, repeat=r, **dict(common, widths=[2, 32, 32, 1])),
+                rec(study="strong_scaling", world_size=2, global_batch=512, step_time_s=0.006 * f, steps=72,
+                    warmup_steps=4, repeat=r, **dict(common, widths=[2, 32, 32, 1]))]
+    for impl, t1, t2 in (("compiled", 0.400, 0.215), ("reference", 1.2, 0.7)):
+        out += [rec(study="compounding", world_size=w, global_batch=4096, step_time_s=t, steps=12, warmup_steps=3,
+                    **dict(common, kan_impl=impl, kan_path=impl)) for w, t in ((1, t1), (2, t2))]
+    return out

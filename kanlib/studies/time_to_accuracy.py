@@ -4,6 +4,12 @@ A strong series holds one global batch at several world sizes (its time-to-targe
 speedup); a weak series holds one per-process batch (its global batch grows with N, and so may the samples
 needed: statistical efficiency). Both are found in the same records. Guideline: the placement that reaches the
 target soonest.
+
+Compilation is kept out of the time to target (:func:`without_warmup`): the record's ``time_to_target_s`` sums
+every step's wall time, the warm-up steps' too, and a compiled kernel's first step can take seconds where the
+steps after it take milliseconds (4.69 s beside 0.06 s of training in one default study). The warm-up steps
+(``measured`` 0 in ``steps.csv``) count at the run's median measured step time instead; a run where that cannot
+be done, or whose compilation spilled past the warm-up, keeps its recorded time and is named.
 """
 
 from __future__ import annotations
@@ -32,9 +38,94 @@ SWEPT = ("nnodes", "nproc_per_node", "global_batch", "lr_rule", "lr_base_batch",
 EXPLORER = View(x=("world_size", "global_batch", "local_batch"), series=("lr_rule",))
 
 
+COMPILE_SHARE = 0.5
+"""A measured step counts as one that compiled when its excess over the median step is at least this share of the
+compilation time the warm-up does not account for (``compile_s`` less the warm-up's excess): a stall of another
+process is milliseconds, a recompilation is most of the spilled compile time."""
+MATERIAL = 0.1
+"""...and at least this share of the run's time to target (smaller, it would not move the comparison)."""
+
+
 def design(df: pd.DataFrame) -> groups.Design:
     """How this study's records split (:func:`kanlib.analysis.groups.design`)."""
     return groups.design(df, NAME, AXES, SWEPT)
+
+
+def _run_name(r) -> str:
+    """A run as the page names it: its folder (the run key), or its run key without one."""
+    path = str(r.get("record_path", "") or "")
+    return os.path.basename(os.path.dirname(path)) if path else str(r.get("run_key", "?"))
+
+
+def steady_step_times(s: pd.DataFrame) -> tuple[np.ndarray, str]:
+    """The step times of one run's ``steps.csv`` rows ``s`` (sorted by step, one attempt, s) with each warm-up
+    step (``measured`` 0) counted at the median measured step time, and ``''``; or the times as recorded and why
+    the warm-up cannot be taken out (rows of several attempts, or no measured step)."""
+    t = s["step_time_s"].to_numpy(float)
+    if s["attempt"].nunique() > 1:
+        return t, (f"resumed (attempts {', '.join(str(a) for a in sorted(s['attempt'].unique()))}): each attempt "
+                   f"warmed up again and the record's time holds the earlier ones' training, not in steps.csv")
+    measured = s["measured"].to_numpy(int) == 1
+    if not (measured & np.isfinite(t)).any():
+        return t, "no measured step (the target was reached within the warm-up): nothing to count the warm-up at"
+    return np.where(measured, t, float(np.nanmedian(t[measured]))), ""
+
+
+def _warmup_out(r) -> tuple[float, float, str]:
+    """For one record that reached its target: ``(time to target without the warm-up's excess, s; that excess, s;
+    '')``, or the recorded time, NaN and why it could not be taken out."""
+    ttt = float(r["time_to_target_s"])
+    run_dir = os.path.dirname(str(r.get("record_path", "") or ""))
+    if not run_dir or not os.path.exists(os.path.join(run_dir, STEPS_NAME)):
+        return ttt, np.nan, "no steps.csv: its warm-up steps cannot be told apart"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a truncated last row is named by the loader elsewhere
+        s = load.load_steps(run_dir)
+    s = s.sort_values(["step", "attempt"]).drop_duplicates("step", keep="last")
+    n = int(r["steps_to_target"]) if pd.notna(r.get("steps_to_target")) else len(s)
+    s = s[s["step"] < n]
+    if len(s) < n:
+        return ttt, np.nan, f"steps.csv holds {len(s)} of the {n} steps to the target"
+    steady, why = steady_step_times(s)
+    if why:
+        return ttt, np.nan, why
+    excess = float(np.nansum(s["step_time_s"].to_numpy(float) - steady))
+    if not ttt - excess > 0:
+        return ttt, np.nan, f"its warm-up in steps.csv ({excess:.3g} s) is not within its recorded time ({ttt:.3g} s)"
+    measured = s[s["measured"] == 1]
+    median = float(np.nanmedian(measured["step_time_s"]))
+    compile_s = float(r["compile_s"]) if pd.notna(r.get("compile_s")) else 0.0  # older records: none
+    spilled = compile_s - max(excess, 0.0)  # compilation the warm-up does not account for (s)
+    worst = measured.loc[measured["step_time_s"].idxmax()] if len(measured) else None
+    if (spilled > 0 and worst is not None and worst["step_time_s"] - median >= COMPILE_SHARE * spilled
+            and worst["step_time_s"] - median >= MATERIAL * (ttt - excess)):
+        return ttt, np.nan, (f"compiled after the warm-up: compile_s {compile_s:.3g} s, {spilled:.3g} s more "
+                             f"than the warm-up took, and measured step {int(worst['step'])} took "
+                             f"{worst['step_time_s']:.3g} s (median {median:.3g} s)")
+    return ttt - excess, excess, ""
+
+
+def without_warmup(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with compilation kept out of ``time_to_target_s``: for each run that reached its target, its warm-up
+    steps (``measured`` 0 in its ``steps.csv``: compilation, DDP's bucket rebuild) count at its median measured
+    step time (:func:`steady_step_times`) instead of the time they took, so a run whose first step compiled for
+    seconds and one that found its kernels compiled get the same time.
+
+    Adds ``recorded_time_to_target_s`` (the record's), ``warmup_excess_s`` (the time taken out, s: the warm-up
+    steps' time less as many median steps; NaN where nothing was taken out) and ``warmup_kept`` (why the recorded
+    time was kept, '' when it was not): no ``steps.csv``, a resumed run, the target reached within the warm-up, or
+    a measured step that compiled (``compile_s`` beyond the warm-up's excess and a measured step that took most of
+    the rest, :data:`COMPILE_SHARE`; the evaluations' own compilation is outside the timed region and is not)."""
+    df = df.copy()
+    df["recorded_time_to_target_s"] = df["time_to_target_s"] if "time_to_target_s" in df else np.nan
+    df["warmup_excess_s"], df["warmup_kept"] = np.nan, ""
+    for i in df.index[_reached(df)]:
+        r = df.loc[i]
+        if not pd.notna(r.get("time_to_target_s")):
+            continue
+        t, excess, why = _warmup_out(r)
+        df.loc[i, ["time_to_target_s", "warmup_excess_s", "warmup_kept"]] = [t, excess, why]
+    return df
 
 
 def _reached(at: pd.DataFrame) -> np.ndarray:
@@ -59,6 +150,9 @@ def _row(key: dict, kind: str, batch, p: tuple, at: pd.DataFrame, base: pd.DataF
     reached = _reached(at)
     ttt = groups.numbers(at, "time_to_target_s")
     ttt[~reached] = np.nan
+    kept = np.where(reached, at["warmup_kept"].fillna("").astype(str), "") if "warmup_kept" in at \
+        else np.full(len(at), "")
+    names = [_run_name(r) for _, r in at.iterrows()]
     t_med, t_lo, t_hi = (stats.median_ci(ttt[np.isfinite(ttt)], n_boot, seed) if np.isfinite(ttt).any()
                          else (np.nan, np.nan, np.nan))
     row = {**key, "series": kind, "series_batch": int(batch), "world_size": n, "nnodes": p[0],
@@ -68,6 +162,9 @@ def _row(key: dict, kind: str, batch, p: tuple, at: pd.DataFrame, base: pd.DataF
            "steps_to_target": _median_of(at, "steps_to_target", reached),
            "samples_to_target": _median_of(at, "samples_to_target", reached),
            "time_to_target_s": t_med, "time_to_target_lo": t_lo, "time_to_target_hi": t_hi,
+           "warmup_excess_s": _median_of(at, "warmup_excess_s", reached),
+           "n_warmup_kept": int((kept != "").sum()),
+           "warmup_kept": "; ".join(f"{name}: {why}" for name, why in zip(names, kept) if why),
            "step_time_s": float(np.median(groups.numbers(at, "step_time_s"))),
            "final_val_loss": _median_of(at, "final_val_loss"),
            "final_val_accuracy": _median_of(at, "final_val_accuracy"),
@@ -106,14 +203,18 @@ def table(df: pd.DataFrame, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) 
 
     Per row, over the repeats that reached the target (``n_reached`` of ``n_runs``; medians of runs that
     did not are undefined, so ``all_reached`` says when a median leaves some out): ``steps_to_target``,
-    ``samples_to_target``, ``time_to_target_s`` (training wall time, evaluations excluded; ``_lo``/``_hi``
-    its bootstrap 95% interval), ``step_time_s``, ``final_val_loss``, ``final_val_accuracy``. Against the
+    ``samples_to_target``, ``time_to_target_s`` (training wall time, evaluations excluded, the warm-up steps
+    counted at the median measured step: :func:`without_warmup`; ``_lo``/``_hi`` its bootstrap 95% interval),
+    ``warmup_excess_s`` (the median time taken out, s), ``n_warmup_kept`` and ``warmup_kept`` (the runs whose
+    recorded time, compilation and all, had to be kept, each named with why), ``step_time_s``,
+    ``final_val_loss``, ``final_val_accuracy``. Against the
     series' smallest placement ``N0``: ``time_speedup = TTT(N0) N0 / TTT(N)`` and ``step_speedup = T(N0) N0
     / T(N)`` (each with an interval), and for weak series ``statistical_efficiency = samples(N0) /
     samples(N)`` (1: the larger batch needs no more samples; 0.5: twice as many).
     """
     df, dropped = groups.valid(groups.with_placement(df), "step_time_s")
     df["local_batch"] = df["global_batch"] // df["world_size"]
+    df = without_warmup(df)
     d = groups.groups_of(df, NAME, AXES, SWEPT)
     rows = []
     for key, g in groups.groupby(df, d.groups):
@@ -133,10 +234,11 @@ def table(df: pd.DataFrame, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) 
 def val_curves(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """The validation-loss curve of every run in ``df`` (records with ``record_path``), from each run's
     ``steps.csv``: one row per evaluation with ``steps`` (optimizer steps done), ``samples``
-    (steps x global batch), ``train_time_s`` (cumulative step time of rank 0 up to that step, s),
-    ``val_loss``, ``val_accuracy``, and the run's ``placement``, ``world_size``, ``global_batch``,
-    ``lr_rule``, ``repeat``, ``run_key`` and ``record_path``. Runs without evaluations add no rows. Returns the
-    curves and the run folders whose ``steps.csv`` is missing."""
+    (steps x global batch), ``train_time_s`` (cumulative step time of rank 0 up to that step, s; the warm-up
+    steps counted at the run's median measured step, as :func:`without_warmup` counts them), ``val_loss``,
+    ``val_accuracy``, and the run's ``placement``, ``world_size``, ``global_batch``, ``lr_rule``, ``repeat``,
+    ``run_key`` and ``record_path``. Runs without evaluations add no rows. Returns the curves and the run folders
+    whose ``steps.csv`` is missing."""
     df = groups.with_placement(df)
     parts, missing = [], []
     for _, r in df.iterrows():
@@ -148,7 +250,7 @@ def val_curves(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             warnings.simplefilter("ignore")  # a truncated last row is dropped; the curve needs none of it
             s = load.load_steps(run_dir)
         s = s.sort_values(["step", "attempt"]).drop_duplicates("step", keep="last")
-        s["train_time_s"] = s["step_time_s"].fillna(0).cumsum()
+        s["train_time_s"] = np.nancumsum(steady_step_times(s)[0])
         s = s[np.isfinite(s["val_loss"].to_numpy(float))]
         if s.empty:
             continue
@@ -281,6 +383,25 @@ def _series_lines(t: pd.DataFrame) -> list[str]:
     return lines
 
 
+def warmup_lines(t: pd.DataFrame) -> list[str]:
+    """What keeping compilation out of the time to target took out (:func:`without_warmup`), and a sentence per
+    placement naming each run whose recorded time had to be kept, with why."""
+    if t.empty or "warmup_excess_s" not in t:
+        return []
+    lines = []
+    out = t["warmup_excess_s"].to_numpy(float)
+    if np.isfinite(out).any():
+        lines.append(f"Compilation kept out of the time to target: each run's warm-up steps (kernels compile, DDP "
+                     f"builds its buckets) count at its median measured step, which took out a median of "
+                     f"{fmt.sec(float(np.nanmedian(out)))} s per point (its runs' median; up to "
+                     f"{fmt.sec(float(np.nanmax(out)))} s).")
+    for _, r in t[t["n_warmup_kept"] > 0].iterrows():
+        lines.append(f"{r['series']} ({r['series_batch']}), {r['placement']}: the time to target of "
+                     f"{r['n_warmup_kept']} of {r['n_reached']} run(s) still holds its warm-up and compilation, "
+                     f"which could not be taken out - {r['warmup_kept']}.")
+    return lines
+
+
 def analyze(ctx: Context) -> StudyAnalysis:
     """The validation-loss curves (from each run's steps.csv), the speedup figure and a sentence per series
     point; no table when no batch was measured at two placements."""
@@ -290,7 +411,8 @@ def analyze(ctx: Context) -> StudyAnalysis:
     if len(curves):
         a.add_figure("curves", curves_figure(curves), (
             "Validation loss (evaluated every eval_every steps, outside the timed region) against samples seen and "
-            "against cumulative step time, one line per run; the dotted line is the target. In strong mode (one "
+            "against cumulative step time (the warm-up steps, where kernels compile, counted at the run's median "
+            "step), one line per run; the dotted line is the target. In strong mode (one "
             "global batch) the curves against samples coincide, so the faster step reaches the target sooner; in "
             "weak mode a larger global batch may need more samples."))
     if not t.empty:
@@ -298,7 +420,7 @@ def analyze(ctx: Context) -> StudyAnalysis:
             "Strong series: the time-to-target speedup beside the step speedup, per placement (they should match: "
             "the same samples per step need the same steps). Weak series: statistical efficiency samples(N0)/"
             "samples(N) per learning-rate rule; 1 means the larger batch needs no more samples."))
-    a.lines = _series_lines(t.data)
+    a.lines = _series_lines(t.data) + warmup_lines(t.data)
     if missing:
         a.lines.append(f"{len(missing)} run(s) have no steps.csv: no curve.")
     a.extra["curves"] = curves
@@ -321,6 +443,9 @@ def display_table(t: Table) -> pd.DataFrame:
            "samples to target": d["samples_to_target"].map(lambda v: f"{v:,.0f}" if np.isfinite(v) else "n/a"),
            "time to target (s)": fmt.ci_column(d, "time_to_target_s", fmt.sec, "time_to_target_lo",
                                                "time_to_target_hi"),
+           "warm-up taken out (s)": [(f"{fmt.sec(v)}" if np.isfinite(v) else "none")
+                                 + (f"; kept in {k} run(s), named below" if k else "")
+                                 for v, k in zip(d["warmup_excess_s"].to_numpy(float), d["n_warmup_kept"])],
            "step (ms)": d["step_time_s"].map(fmt.ms),
            "time-to-target speedup": fmt.ci_column(d, "time_speedup", fmt.x),
            "step speedup": fmt.ci_column(d, "step_speedup", fmt.x)}
@@ -343,9 +468,12 @@ def finding(a: StudyAnalysis) -> list[dict]:
     for (kind, batch), g in a.table.data.groupby(["series", "series_batch"], sort=True):
         r = g.sort_values("world_size").iloc[-1]
         if kind == "strong":
+            kept = int(g["n_warmup_kept"].sum())
             parts.append(f"strong (B={batch}) at {r['placement']}: time-to-target speedup "
                          f"{fmt.ci_text(r['time_speedup'], r['time_speedup_lo'], r['time_speedup_hi'], fmt.x)} vs step "
-                         f"speedup {fmt.x(r['step_speedup'])}")
+                         f"speedup {fmt.x(r['step_speedup'])}"
+                         + (f" ({kept} run(s) with their compilation in the time, named in the section)" if kept
+                            else ""))
             continue
         for _, rr in g[g["world_size"] == g["world_size"].max()].iterrows():
             se = fmt.ci_text(rr['statistical_efficiency'], rr['statistical_efficiency_lo'],
