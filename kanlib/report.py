@@ -345,6 +345,25 @@ def guidelines_html(g) -> str:
               f"</details>")
 
 
+def reconcile_html(ctx: Context) -> str:
+    """The same model measured by several studies at one placement, side by side, and why their efficiencies differ
+    (:func:`kanlib.analysis.reconcile.reconcile`); '' when no model is measured twice."""
+    from kanlib.analysis.reconcile import reconcile
+
+    try:
+        t, sentences = reconcile(ctx)
+    except load.NoRecordsError:
+        return ""
+    if t.empty:
+        return ""
+    cols = [c for c in ("set", "model", "widths", "placement", "study", "series", "measure", "efficiency",
+                        "efficiency_lo", "efficiency_hi", "n_runs", "local_batch", "differs") if c in t]
+    return ("<h3 id='reconcile'>One model, several studies: why their efficiencies differ</h3><ul>"
+            + "".join(f"<li>{html.escape(x)}</li>" for x in sentences) + "</ul><details><summary>the measures side "
+            "by side</summary>" + t[cols].to_html(index=False, classes="table", border=0, float_format="%.3g")
+            + "</details>")
+
+
 def advisor_html(ctx: Context) -> str:
     """The advisor's section (:func:`kanlib.advise.report_section`), or why it could not be made."""
     from kanlib import advise
@@ -384,7 +403,8 @@ def build_report(out_dir: str, guidelines=None, path: str | None = None, code: s
         guidelines.context = ctx
     first = front.front_page_html(all_a, guidelines, out_dir, ctx)
     parts = [("stability", "Stability", front.stability_html(ctx)),
-             ("findings", "All findings beside the published study", _findings_html(front.findings(all_a)))]
+             ("findings", "All findings beside the published study",
+              _findings_html(front.findings(all_a)) + reconcile_html(ctx))]
     if guidelines is not None:
         parts.append(("guidelines", "Deployment guidelines (computed from these records)",
                       guidelines_html(guidelines)))

@@ -406,3 +406,13 @@ def test_a_study_modules_claim_reaches_the_front_page_through_the_registry(full_
     assert f"{presets.PUBLISHED['speedup']}x" in strong_scaling.PUBLISHED and "74.7%" in strong_scaling.PUBLISHED
     assert communication.PUBLISHED_RANGE == "1.3%-6.1%"
     assert "weak_scaling" in front.published_modules() and "published" not in front.published_modules()
+
+
+def test_the_report_reconciles_one_model_measured_by_several_studies(full_study_dir):
+    # issue 36.4: the same model at 1x2 read 76% (strong), 87% (weak) and 93% (compounding) and nothing reconciled
+    # them; the findings section sets them side by side and says why they differ
+    body = open(report.build_report(str(full_study_dir))).read()
+    part = body[body.index("<section id='findings'>"):body.index("<section id='guidelines'>")
+                if "<section id='guidelines'>" in body else body.index("<section id='advisor'>")]
+    assert "One model, several studies: why their efficiencies differ" in part
+    assert "strong_scaling" in part and "weak_scaling" in part and "global_batch" in part
