@@ -195,7 +195,7 @@ def bottom_line_html(vs: list[dict], m: dict) -> str:
     if not_here:
         text.append(f"{len(not_here)} claim(s) depend on what this machine is not ({html.escape(why)}): their "
                     f"numbers below are this machine's, not comparable with the paper's; the last column says what "
-                    f"run would test each.")
+                    f"run would test each (the cluster run: {html.escape(claims.CLUSTER_HOW)}).")
     if untested:
         text.append(f"Untested here (no records, or too few): {html.escape(', '.join(untested))}.")
     gpu = (f"kanlib's CUDA/NCCL path last ran on a GPU: {html.escape(kanlib.GPU_CHECKED)}." if kanlib.GPU_CHECKED

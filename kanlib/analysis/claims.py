@@ -20,8 +20,8 @@ NOT_COMPARABLE = VERDICTS[2]
 
 PAPER_GPUS = PUBLISHED["world_size"]
 PAPER_NODES = PUBLISHED["nnodes"]
-CLUSTER_RUN = (f"at least {PAPER_GPUS} GPUs over at least 2 nodes: make study PARAMS_SET=gpu_cluster, submitted "
-               f"under SLURM (docs/cluster.md)")
+CLUSTER_RUN = f"the cluster run: >= {PAPER_GPUS} GPUs over >= 2 nodes"
+CLUSTER_HOW = "make study PARAMS_SET=gpu_cluster, submitted under SLURM (docs/cluster.md)"
 """The run that tests a claim measured on the paper's GPU cluster."""
 
 
