@@ -18,6 +18,10 @@ truncated, corrupt or non-weights-only file raises :class:`CheckpointError` nami
 ``step`` in a checkpoint is the number of optimizer steps already taken, i.e. the first step
 to run on resume; the data of step ``s`` depends only on ``s`` (kanlib.data), so the step is
 also the data position.
+
+Also here: what a checkpoint holds under DDP and FSDP (:func:`full_states`, gathered into full tensors under
+FSDP so a checkpoint does not depend on the sharding; :func:`load_optimizer`), and :func:`prepare_run_dir`,
+which decides at the start of an attempt between a fresh start and a resume from the last committed checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import re
 
 import numpy as np
 import torch
+
+from kanlib import optim, records
 
 DIR_NAME = "checkpoints"
 LATEST_NAME = "latest"
@@ -221,3 +227,67 @@ def load_latest(run_dir: str) -> dict | None:
         ck["path"] = path
         return ck
     raise first_error
+
+
+# -- the run folder at the start of an attempt ---------------------------------------------
+def prepare_run_dir(run_dir: str, config: dict) -> int | None:
+    """Rank 0, before anything else: write ``config`` (the run's flat config) to config.json, decide fresh start
+    or resume, tidy up.
+
+    A folder with a record is a completed run being rerun: it starts afresh. Otherwise the last
+    committed checkpoint (if any) is resumed; uncommitted checkpoint files are removed and steps.csv
+    keeps only the rows of steps before the checkpoint. Returns the step to resume from, or None.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    records.atomic_write_json(os.path.join(run_dir, records.CONFIG_NAME), config)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(run_dir, records.PREEMPTED_NAME))
+    steps_path = os.path.join(run_dir, records.STEPS_NAME)
+    record_path = os.path.join(run_dir, records.RECORD_NAME)
+    if os.path.exists(record_path):
+        remove_all(run_dir)
+        os.remove(record_path)
+    clean_uncommitted(run_dir)
+    resume = latest_step(run_dir)
+    if resume is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(steps_path)
+    else:
+        records.truncate_steps(steps_path, resume)
+    return resume
+
+
+# -- what a checkpoint holds under DDP and FSDP ---------------------------------------------
+def full_model_state(model: torch.nn.Module, fsdp: bool) -> dict:
+    """The parameters as full CPU tensors (``fsdp``: the model is FSDP-sharded, and this is collective)."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def full_states(model: torch.nn.Module, optimizer, fsdp: bool, info) -> tuple[dict, dict]:
+    """Model and optimizer state for a checkpoint: as they are under DDP; gathered into full tensors on CPU
+    under FSDP (``fsdp``; collective over ``info``'s ranks), so a checkpoint does not depend on the sharding."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        if isinstance(optimizer, optim.LBFGS):  # one flat history per rank, not per-parameter states
+            return full_model_state(model, fsdp), optim.gather_state(optimizer, info)
+        return full_model_state(model, fsdp), get_optimizer_state_dict(model, optimizer, options=opts)
+    return model.state_dict(), optimizer.state_dict()
+
+
+def load_optimizer(model: torch.nn.Module, optimizer, state: dict, fsdp: bool, info) -> None:
+    """Restore the optimizer from a checkpoint; under FSDP (``fsdp``) from its full state, cut into this rank's
+    shards."""
+    if fsdp and isinstance(optimizer, optim.LBFGS):
+        optim.load_state(optimizer, state, info)
+    elif fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(state)

@@ -9,7 +9,7 @@ torchrun entry points) are parsed against the same annotations; an unknown key i
 
 :class:`RunConfig` describes one DDP/FSDP training run (``python -m kanlib.train``);
 ``kanlib.collbench.BenchConfig`` one collective benchmark. Both have a stable :meth:`Config.run_key`
-that hashes the canonical config and the version of the code that runs it (:func:`code_version`), so
+that hashes the canonical config and the version of the code that runs it (:mod:`kanlib.runkey`), so
 changed code never reuses or silently pools old results.
 """
 
@@ -26,6 +26,7 @@ import typing
 from dataclasses import dataclass, fields
 from typing import ClassVar, Literal
 
+from kanlib import runkey
 from kanlib.errors import ConfigError
 
 Model = Literal["kan", "kan_rbf", "kan_cheb", "mlp"]
@@ -70,89 +71,6 @@ def group_key(cfg) -> tuple:
             *(getattr(cfg, f) for f in GROUP_FIELDS))
 
 
-@functools.lru_cache(maxsize=1)
-def code_version() -> str:
-    """A hash of the source of every kanlib module a run executes (12 hex digits).
-
-    Hashes the files themselves, so a committed change and an uncommitted edit both give a new
-    version (``git_sha`` in the record says which commit, ``-dirty`` when edited). Analysis-only
-    modules and packages (:data:`ANALYSIS_MODULES`: tables, figures, report) are left out: changing how
-    results are drawn does not make the measurements stale. ``KANLIB_CODE_VERSION`` overrides it (tests).
-    """
-    forced = os.environ.get("KANLIB_CODE_VERSION")
-    if forced:
-        return forced
-    here = os.path.dirname(os.path.abspath(__file__))
-    h = hashlib.sha256()
-    for name in runtime_sources(here):
-        with open(os.path.join(here, name), "rb") as f:
-            h.update(name.encode() + b"\0" + f.read() + b"\0")
-    return h.hexdigest()[:12]
-
-
-def host_malloc_asked() -> str:
-    """The host allocator setting a run launched from this environment asks for: ``KANLIB_HOST_MALLOC``
-    lower-cased (``steady`` when unset or empty; kanlib.metrics.steady_host_allocator applies it and refuses other
-    values). It moved the one-process baseline from 200 to 129 ms (docs/measurement.md), so it is part of the
-    run key."""
-    return os.environ.get("KANLIB_HOST_MALLOC", "steady").strip().lower() or "steady"
-
-
-def runtime_sources(package_dir: str) -> list[str]:
-    """The ``.py`` files under ``package_dir`` that a run executes (relative paths, sorted): every module and
-    subpackage except those named in :data:`ANALYSIS_MODULES`."""
-    out = []
-    for root, dirs, files in os.walk(package_dir):
-        rel = os.path.relpath(root, package_dir)
-        if rel == ".":
-            dirs[:] = [d for d in dirs if d not in ANALYSIS_MODULES]
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in files:
-            path = name if rel == "." else os.path.join(rel, name)
-            if name.endswith(".py") and not (rel == "." and name[:-3] in ANALYSIS_MODULES):
-                out.append(path)
-    return sorted(out)
-
-
-_code_version = code_version  # run_key's parameter shadows the name
-
-
-@functools.lru_cache(maxsize=1)
-def torch_version() -> str:
-    """The installed torch's version as its package metadata says (``2.13.0+cpu``; what ``torch.__version__``
-    reports), read without importing torch, so a runner and its workers agree; ``none`` without torch."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return "none"
-
-
-def data_fingerprint(path: str) -> str:
-    """SHA-256 of the content of the data file ``path`` (16 hex digits; hashed again only when its size or
-    modification time changed); empty when the file cannot be read (the task check names the problem)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return ""
-    return _file_sha256(os.path.abspath(path), st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=64)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    except OSError:
-        return ""
-    return h.hexdigest()[:16]
-
-
-# Modules and packages of kanlib that only read records (no effect on what a run measures); see code_version().
-ANALYSIS_MODULES = ("analysis", "studies", "report", "guidelines")
 
 
 @dataclass
@@ -209,27 +127,27 @@ class Config:
         """Stable key of this run: a readable prefix and a hash of the canonical config and code.
 
         ``out_dir`` is left out (moving a study keeps its keys); ``code_version`` (default
-        :func:`code_version`) is hashed in, so changed code reruns instead of reusing old records.
+        :func:`kanlib.runkey.code_version`) is hashed in, so changed code reruns instead of reusing old records.
         """
         d = self.to_dict()
         d.pop("out_dir", None)
-        d["code_version"] = code_version or _code_version()
+        d["code_version"] = code_version or runkey.code_version()
         d["kind"] = type(self).__name__
         d.update(self.key_inputs())
         digest = hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
         return f"{self.key_prefix()}-{digest}"
 
     def key_inputs(self) -> dict:
-        """What a run's result depends on besides the config and the code, hashed into :meth:`run_key`: the torch
-        version (:func:`torch_version`), for ``task=file`` the data file's content (:func:`data_fingerprint`), and a
-        host allocator other than the default (:func:`host_malloc_asked`), so a torch upgrade, rewritten data or
-        ``KANLIB_HOST_MALLOC=system`` reruns instead of reusing (and later pooling with) old records. The default
-        allocator adds nothing, so the keys of existing folders stay as they were."""
-        out = {"torch_version": torch_version()}
+        """What a run's result depends on besides the config and the code, hashed into :meth:`run_key` (each read by
+        :mod:`kanlib.runkey`): the torch version (``torch_version``), for ``task=file`` the data file's content
+        (``data_fingerprint``), and a host allocator other than the default (``host_malloc_asked``), so a torch
+        upgrade, rewritten data or ``KANLIB_HOST_MALLOC=system`` reruns instead of reusing (and later pooling with)
+        old records. The default allocator adds nothing, so the keys of existing folders stay as they were."""
+        out = {"torch_version": runkey.torch_version()}
         if getattr(self, "task", "") == "file" and getattr(self, "data_path", ""):
-            out["data_sha256"] = data_fingerprint(self.data_path)
-        if host_malloc_asked() != "steady":
-            out["host_malloc"] = host_malloc_asked()
+            out["data_sha256"] = runkey.data_fingerprint(self.data_path)
+        if runkey.host_malloc_asked() != "steady":
+            out["host_malloc"] = runkey.host_malloc_asked()
         return out
 
     def run_dir(self) -> str:
@@ -700,5 +618,4 @@ def field_docs(cls=RunConfig) -> dict[str, str]:
     return docs
 
 
-__all__ = ["Config", "RunConfig", "ConfigError", "parse_placement", "field_docs", "code_version", "GROUP_FIELDS",
-           "group_key", "torch_version", "data_fingerprint"]
+__all__ = ["Config", "RunConfig", "ConfigError", "parse_placement", "field_docs", "GROUP_FIELDS", "group_key"]

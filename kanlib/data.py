@@ -3,12 +3,12 @@
 ``RunConfig.task`` picks the data (:data:`TASK_DOCS`):
 
 - ``exp_sin``, ``highdim``, ``product``: synthetic regression on inputs uniform in ``[-1, 1]^d``.
-- ``feynman:<name>``: an equation of the AI Feynman suite (:data:`FEYNMAN`), generated from its formula
-  on its variable ranges, inputs scaled to ``[-1, 1]``.
+- ``feynman:<name>``: an equation of the AI Feynman suite (``kanlib.feynman.FEYNMAN``), generated from its
+  formula on its variable ranges, inputs scaled to ``[-1, 1]``.
 - ``digits`` (classification, 10 classes) and ``diabetes`` (regression): the data sets bundled inside
   scikit-learn (read from a file in the installed package; no network).
-- ``file``: a CSV or ``.npz`` file (``data_path``), parsed by one parser (:func:`read_table`,
-  :func:`csv_header`) for both the pre-launch check and the full read.
+- ``file``: a CSV or ``.npz`` file (``data_path``), parsed by one parser (``kanlib.datafiles``: ``read_table``,
+  ``csv_header``) for both the pre-launch check and the full read.
 
 Every rank builds the same training and validation tensors (from ``seed``, or from the data with a
 seeded split); step ``s`` draws a global batch of indices from a per-epoch permutation (also seeded), and
@@ -26,17 +26,15 @@ never a whole file, and never imports scikit-learn.
 
 from __future__ import annotations
 
-import csv
-import functools
 import math
 import os
-import zipfile
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
+from kanlib.datafiles import TargetColumnError, csv_rows, file_summary, read_table_with_lines
 from kanlib.errors import ConfigError
+from kanlib.feynman import FEYNMAN, FEYNMAN_PREFIX, feynman_equation
 
 def training_dtype(precision: str) -> torch.dtype:
     """The dtype of a run's data, parameters and loss for ``RunConfig.precision``: float64 for fp64, else float32
@@ -67,136 +65,6 @@ def target(task: str, x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"task: unknown value {task!r}; choose one of {', '.join(SYNTHETIC_DOCS)}")
     return y.unsqueeze(1)
 
-
-# -- the Feynman equations -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class FeynmanEquation:
-    """One equation of the AI Feynman suite: its formula and the range each variable is drawn from.
-
-    ``variables``: ``(name, low, high)`` in the suite's order (that order is the feature order);
-    ``fn`` maps ``{name: (n,) float64 tensor}`` to the ``(n,)`` float64 target.
-    """
-
-    name: str
-    output: str
-    formula: str
-    variables: tuple[tuple[str, float, float], ...]
-    fn: Callable[[dict], torch.Tensor]
-
-    @property
-    def in_dim(self) -> int:
-        return len(self.variables)
-
-    def __call__(self, **values) -> torch.Tensor:
-        """The formula at the given variable values (numbers or tensors), as a float64 tensor."""
-        missing = [v for v, _, _ in self.variables if v not in values]
-        if missing or len(values) != self.in_dim:
-            raise ValueError(f"{self.name} takes {', '.join(v for v, _, _ in self.variables)}; got "
-                             f"{', '.join(values) or 'nothing'}")
-        return self.fn({k: torch.as_tensor(v, dtype=torch.float64) for k, v in values.items()})
-
-
-def _eq(name, output, formula, variables, fn) -> FeynmanEquation:
-    return FeynmanEquation(name, output, formula, tuple(variables), fn)
-
-
-_PI = math.pi
-_exp, _sin, _cos, _sqrt, _log, _asin = torch.exp, torch.sin, torch.cos, torch.sqrt, torch.log, torch.asin
-
-
-def _r(low, high, *names):
-    """Variables that share one range, in the given order."""
-    return [(n, float(low), float(high)) for n in names]
-
-
-# The equations of the KAN paper's Feynman table (Liu et al. 2024, "KAN: Kolmogorov-Arnold Networks",
-# Table 2), each with the formula, variable order and sampling ranges of the AI Feynman suite
-# (Udrescu & Tegmark 2020, "AI Feynman: a physics-inspired method for symbolic regression", Science
-# Advances 6:eaay2631; its table FeynmanEquations.csv). The KAN paper fits dimensionless reductions of
-# these equations; here every variable of the suite stays an input, on the suite's own range. The KAN
-# paper calls II.11.17 "II.11.7".
-FEYNMAN: dict[str, FeynmanEquation] = {e.name: e for e in [
-    _eq("I.6.2", "f", "exp(-(theta/sigma)**2/2)/(sqrt(2*pi)*sigma)", _r(1, 3, "sigma", "theta"),
-        lambda v: _exp(-(v["theta"] / v["sigma"]) ** 2 / 2) / (math.sqrt(2 * _PI) * v["sigma"])),
-    _eq("I.6.2b", "f", "exp(-((theta-theta1)/sigma)**2/2)/(sqrt(2*pi)*sigma)",
-        _r(1, 3, "sigma", "theta", "theta1"),
-        lambda v: _exp(-((v["theta"] - v["theta1"]) / v["sigma"]) ** 2 / 2) / (math.sqrt(2 * _PI) * v["sigma"])),
-    _eq("I.9.18", "F", "G*m1*m2/((x2-x1)**2+(y2-y1)**2+(z2-z1)**2)",
-        _r(1, 2, "m1", "m2", "G") + _r(3, 4, "x1") + _r(1, 2, "x2") + _r(3, 4, "y1") + _r(1, 2, "y2")
-        + _r(3, 4, "z1") + _r(1, 2, "z2"),
-        lambda v: v["G"] * v["m1"] * v["m2"] / ((v["x2"] - v["x1"]) ** 2 + (v["y2"] - v["y1"]) ** 2
-                                                + (v["z2"] - v["z1"]) ** 2)),
-    _eq("I.12.11", "F", "q*(Ef+B*v*sin(theta))", _r(1, 5, "q", "Ef", "B", "v", "theta"),
-        lambda v: v["q"] * (v["Ef"] + v["B"] * v["v"] * _sin(v["theta"]))),
-    _eq("I.13.12", "U", "G*m1*m2*(1/r2-1/r1)", _r(1, 5, "m1", "m2", "r1", "r2", "G"),
-        lambda v: v["G"] * v["m1"] * v["m2"] * (1 / v["r2"] - 1 / v["r1"])),
-    _eq("I.15.3x", "x1", "(x-u*t)/sqrt(1-u**2/c**2)",
-        _r(5, 10, "x") + _r(1, 2, "u") + _r(3, 20, "c") + _r(1, 2, "t"),
-        lambda v: (v["x"] - v["u"] * v["t"]) / _sqrt(1 - v["u"] ** 2 / v["c"] ** 2)),
-    _eq("I.16.6", "v1", "(u+v)/(1+u*v/c**2)", _r(1, 5, "c", "v", "u"),
-        lambda v: (v["u"] + v["v"]) / (1 + v["u"] * v["v"] / v["c"] ** 2)),
-    _eq("I.18.4", "r", "(m1*r1+m2*r2)/(m1+m2)", _r(1, 5, "m1", "m2", "r1", "r2"),
-        lambda v: (v["m1"] * v["r1"] + v["m2"] * v["r2"]) / (v["m1"] + v["m2"])),
-    _eq("I.26.2", "theta1", "arcsin(n*sin(theta2))", _r(0, 1, "n") + _r(1, 5, "theta2"),
-        lambda v: _asin(v["n"] * _sin(v["theta2"]))),
-    _eq("I.27.6", "foc", "1/(1/d1+n/d2)", _r(1, 5, "d1", "d2", "n"),
-        lambda v: 1 / (1 / v["d1"] + v["n"] / v["d2"])),
-    # (x1 - x2)^2 <= radicand: clamped at 0 so that rounding at theta1 = theta2, x1 = x2 cannot give NaN.
-    _eq("I.29.16", "x", "sqrt(x1**2+x2**2-2*x1*x2*cos(theta1-theta2))", _r(1, 5, "x1", "x2", "theta1", "theta2"),
-        lambda v: _sqrt((v["x1"] ** 2 + v["x2"] ** 2 - 2 * v["x1"] * v["x2"] * _cos(v["theta1"] - v["theta2"]))
-                        .clamp_min(0))),
-    _eq("I.30.3", "Int", "Int_0*sin(n*theta/2)**2/sin(theta/2)**2", _r(1, 5, "Int_0", "theta", "n"),
-        lambda v: v["Int_0"] * _sin(v["n"] * v["theta"] / 2) ** 2 / _sin(v["theta"] / 2) ** 2),
-    _eq("I.30.5", "theta", "arcsin(lambd/(n*d))", _r(1, 2, "lambd") + _r(2, 5, "d") + _r(1, 5, "n"),
-        lambda v: _asin(v["lambd"] / (v["n"] * v["d"]))),
-    _eq("I.37.4", "Int", "I1+I2+2*sqrt(I1*I2)*cos(delta)", _r(1, 5, "I1", "I2", "delta"),
-        lambda v: v["I1"] + v["I2"] + 2 * _sqrt(v["I1"] * v["I2"]) * _cos(v["delta"])),
-    _eq("I.40.1", "n", "n_0*exp(-m*g*x/(kb*T))", _r(1, 5, "n_0", "m", "x", "T", "g", "kb"),
-        lambda v: v["n_0"] * _exp(-v["m"] * v["g"] * v["x"] / (v["kb"] * v["T"]))),
-    _eq("I.44.4", "E_n", "n*kb*T*ln(V2/V1)", _r(1, 5, "n", "kb", "T", "V1", "V2"),
-        lambda v: v["n"] * v["kb"] * v["T"] * _log(v["V2"] / v["V1"])),
-    _eq("I.50.26", "x", "x1*(cos(omega*t)+alpha*cos(omega*t)**2)", _r(1, 3, "x1", "omega", "t", "alpha"),
-        lambda v: v["x1"] * (_cos(v["omega"] * v["t"]) + v["alpha"] * _cos(v["omega"] * v["t"]) ** 2)),
-    _eq("II.2.42", "Pwr", "kappa*(T2-T1)*A/d", _r(1, 5, "kappa", "T1", "T2", "A", "d"),
-        lambda v: v["kappa"] * (v["T2"] - v["T1"]) * v["A"] / v["d"]),
-    _eq("II.6.15a", "Ef", "p_d/(4*pi*epsilon)*3*z/r**5*sqrt(x**2+y**2)",
-        _r(1, 3, "epsilon", "p_d", "r", "x", "y", "z"),
-        lambda v: v["p_d"] / (4 * _PI * v["epsilon"]) * 3 * v["z"] / v["r"] ** 5 * _sqrt(v["x"] ** 2 + v["y"] ** 2)),
-    _eq("II.11.17", "n", "n_0*(1+p_d*Ef*cos(theta)/(kb*T))", _r(1, 3, "n_0", "kb", "T", "theta", "p_d", "Ef"),
-        lambda v: v["n_0"] * (1 + v["p_d"] * v["Ef"] * _cos(v["theta"]) / (v["kb"] * v["T"]))),
-    _eq("II.11.27", "Pol", "n*alpha/(1-(n*alpha/3))*epsilon*Ef",
-        _r(0, 1, "n", "alpha") + _r(1, 2, "epsilon", "Ef"),
-        lambda v: v["n"] * v["alpha"] / (1 - v["n"] * v["alpha"] / 3) * v["epsilon"] * v["Ef"]),
-    _eq("II.35.18", "n", "n_0/(exp(mom*B/(kb*T))+exp(-mom*B/(kb*T)))", _r(1, 3, "n_0", "kb", "T", "mom", "B"),
-        lambda v: v["n_0"] / (_exp(v["mom"] * v["B"] / (v["kb"] * v["T"]))
-                              + _exp(-v["mom"] * v["B"] / (v["kb"] * v["T"])))),
-    _eq("II.36.38", "f", "mom*H/(kb*T)+(mom*alpha)/(epsilon*c**2*kb*T)*M",
-        _r(1, 3, "mom", "H", "kb", "T", "alpha", "epsilon", "c", "M"),
-        lambda v: v["mom"] * v["H"] / (v["kb"] * v["T"])
-        + v["mom"] * v["alpha"] / (v["epsilon"] * v["c"] ** 2 * v["kb"] * v["T"]) * v["M"]),
-    _eq("II.38.3", "F", "Y*A*x/d", _r(1, 5, "Y", "A", "d", "x"),
-        lambda v: v["Y"] * v["A"] * v["x"] / v["d"]),
-    # sin(a)^2 / a^2 with a = (omega - omega_0) t / 2 is written as sinc(a / pi)^2 (torch.sinc is the
-    # normalised sin(pi z) / (pi z)): the same function, and 1 instead of 0/0 where omega = omega_0.
-    _eq("III.9.52", "prob", "(p_d*Ef*t/(h/(2*pi)))*sin((omega-omega_0)*t/2)**2/((omega-omega_0)*t/2)**2",
-        _r(1, 3, "p_d", "Ef", "t", "h") + _r(1, 5, "omega", "omega_0"),
-        lambda v: v["p_d"] * v["Ef"] * v["t"] / (v["h"] / (2 * _PI))
-        * torch.sinc((v["omega"] - v["omega_0"]) * v["t"] / 2 / _PI) ** 2),
-    _eq("III.10.19", "E_n", "mom*sqrt(Bx**2+By**2+Bz**2)", _r(1, 5, "mom", "Bx", "By", "Bz"),
-        lambda v: v["mom"] * _sqrt(v["Bx"] ** 2 + v["By"] ** 2 + v["Bz"] ** 2)),
-    _eq("III.17.37", "f", "beta*(1+alpha*cos(theta))", _r(1, 5, "beta", "alpha", "theta"),
-        lambda v: v["beta"] * (1 + v["alpha"] * _cos(v["theta"]))),
-]}
-
-FEYNMAN_PREFIX = "feynman:"
-
-
-def feynman_equation(task: str) -> FeynmanEquation:
-    """The equation of ``task = "feynman:<name>"``; an unknown name lists the known ones."""
-    name = task[len(FEYNMAN_PREFIX):]
-    if name not in FEYNMAN:
-        raise ConfigError(f"task: unknown Feynman equation {name!r} in {task!r}; known: {', '.join(FEYNMAN)}")
-    return FEYNMAN[name]
 
 
 # -- data sets bundled with scikit-learn -------------------------------------------------------------
@@ -248,217 +116,6 @@ TASK_DOCS = {
     "file": "a CSV (header row, numeric columns) or .npz (arrays x, y) file: data_path, target",
 }
 
-
-# -- data files: one parser for the check and the read ---------------------------------------------
-def _csv_reader(f):
-    """The one CSV dialect: commas, double quotes, spaces after a comma ignored (``a, b, y``)."""
-    return csv.reader(f, delimiter=",", quotechar='"', skipinitialspace=True, strict=True)
-
-
-def _header_from_row(row: list[str], path: str) -> list[str]:
-    names = [c.strip() for c in row]
-    if not names or names == [""]:
-        raise ValueError(f"{path}: the first line must be a header row naming the columns, but it is empty")
-    for i, n in enumerate(names):
-        if not n:
-            raise ValueError(f"{path}: header column {i + 1} has no name (header: {row})")
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ValueError(f"{path}: duplicate column name(s) {', '.join(map(repr, dup))} in the header")
-    return names
-
-
-def _open_csv(path: str):
-    # utf-8-sig: a byte-order mark (spreadsheet exports) is not part of the first column's name.
-    return open(path, newline="", encoding="utf-8-sig")
-
-
-def csv_header(path: str) -> list[str]:
-    """The column names of a CSV file, from its first line only (the same parse :func:`read_table` uses)."""
-    try:
-        with _open_csv(path) as f:
-            reader = _csv_reader(f)
-            return _header_from_row(next(reader, []), path)
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise ValueError(f"{path}: cannot read the header line as CSV: {e}") from None
-
-
-class TargetColumnError(ValueError):
-    """The ``target`` column a config names is not in the file's header."""
-
-
-def split_columns(names: list[str], target_column: str, path: str) -> tuple[list[int], int]:
-    """Column indices of the features and of the target (``target_column``, default the last column)."""
-    col = target_column or names[-1]
-    if col not in names:
-        raise TargetColumnError(f"{path}: no target column {col!r} (columns: {', '.join(names)})")
-    t = names.index(col)
-    features = [i for i in range(len(names)) if i != t]
-    if not features:
-        raise ValueError(f"{path}: only the target column {col!r}; a data file needs at least one feature column")
-    return features, t
-
-
-def _read_csv(path: str, target_column: str):
-    """``(table (rows, columns) float64 ndarray, column names, feature column indices, target index, each data
-    row's line of the file)``.
-
-    The csv module splits the rows; numpy converts the whole table at once (the same conversion as
-    ``float()``). Only when that fails, or a value is not finite, are the rows walked one by one to name
-    the first bad value.
-    """
-    import numpy as np
-
-    rows, lines = [], []
-    try:
-        with _open_csv(path) as f:
-            reader = _csv_reader(f)
-            names = _header_from_row(next(reader, []), path)
-            features, t = split_columns(names, target_column, path)
-            for row in reader:
-                if row:  # a blank line is not a data row
-                    rows.append(row)
-                    lines.append(reader.line_num)
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise ValueError(f"{path}: cannot read as CSV: {e}") from None
-    if not rows:
-        raise ValueError(f"{path}: no data rows after the header")
-    try:
-        table = np.asarray(rows, dtype=np.float64) if all(len(r) == len(names) for r in rows) else None
-    except ValueError:
-        table = None
-    if table is None or not np.isfinite(table).all():
-        _raise_first_bad_value(path, names, rows, lines)
-    return table, names, features, t, lines
-
-
-def _raise_first_bad_value(path: str, names: list[str], rows: list[list[str]], lines: list[int]) -> None:
-    """Raise the error of the first row, in file order, with the wrong number of values or a value that
-    is empty, not a number, or not finite (inf, -inf, nan)."""
-    for i, (row, line) in enumerate(zip(rows, lines)):
-        where = f"{path}: data row {i + 1} (line {line} of the file)"
-        if len(row) != len(names):
-            raise ValueError(f"{where} has {len(row)} values, but the header has {len(names)} columns "
-                             f"({', '.join(names)})")
-        for name, cell in zip(names, row):
-            cell = cell.strip()
-            if not cell:
-                raise ValueError(f"{where}, column {name!r}: empty value")
-            try:
-                v = float(cell)
-            except ValueError:
-                raise ValueError(f"{where}, column {name!r}: {cell!r} is not a number") from None
-            if not math.isfinite(v):
-                raise ValueError(f"{where}, column {name!r}: {cell!r} is not a finite number")
-    raise AssertionError(f"{path}: numpy refused the table but every value reads as a finite number")
-
-
-def _npy_header(zf: zipfile.ZipFile, key: str, path: str):
-    """``(shape, dtype)`` of array ``key`` of an .npz, read from the .npy header only."""
-    import numpy as np
-
-    with zf.open(f"{key}.npy") as f:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-        else:  # rare (3.0: non-latin-1 field names); read the array itself
-            with np.load(path, allow_pickle=False) as z:
-                a = z[key]
-                shape, dtype = a.shape, a.dtype
-    return tuple(shape), dtype
-
-
-def _check_npz_arrays(path: str, x_shape, x_dtype, y_shape, y_dtype) -> None:
-    import numpy as np
-
-    for key, dtype in (("x", x_dtype), ("y", y_dtype)):
-        if not (np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_)):
-            raise ValueError(f"{path}: array {key!r} must be numeric, got dtype {dtype}")
-    if len(x_shape) != 2:
-        raise ValueError(f"{path}: array 'x' must be 2-D (rows, features), got shape {x_shape}")
-    if not (len(y_shape) == 1 or (len(y_shape) == 2 and y_shape[1] == 1)):
-        raise ValueError(f"{path}: array 'y' must have shape (rows,) or (rows, 1), got {y_shape}")
-    if x_shape[0] != y_shape[0]:
-        raise ValueError(f"{path}: x has {x_shape[0]} rows but y has {y_shape[0]}")
-    if x_shape[0] == 0 or x_shape[1] == 0:
-        raise ValueError(f"{path}: array 'x' has shape {x_shape}: no rows or no features")
-
-
-def npz_shape(path: str) -> tuple[int, int]:
-    """``(rows, features)`` of an .npz data file, from its array headers only (never the data)."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            files = sorted(n[:-4] for n in zf.namelist() if n.endswith(".npy"))
-            if "x" not in files or "y" not in files:
-                raise ValueError(f"{path}: an .npz data file needs arrays 'x' and 'y', has {files}")
-            xs, xd = _npy_header(zf, "x", path)
-            ys, yd = _npy_header(zf, "y", path)
-    except (zipfile.BadZipFile, OSError) as e:
-        raise ValueError(f"{path}: not a readable .npz file: {e}") from None
-    _check_npz_arrays(path, xs, xd, ys, yd)
-    return xs[0], xs[1]
-
-
-def _first_non_finite(a, path: str, key: str, names: list[str] | None = None) -> None:
-    import numpy as np
-
-    bad = np.argwhere(~np.isfinite(a))
-    if len(bad):
-        r, c = (int(bad[0][0]), int(bad[0][1])) if a.ndim == 2 else (int(bad[0][0]), 0)
-        column = f"column {c + 1} ({names[c]})" if names else "the target"
-        index = f"{key}[{r}, {c}]" if a.ndim == 2 else f"{key}[{r}]"
-        raise ValueError(f"{path}: data row {r + 1}, {column}: {a[(r, c) if a.ndim == 2 else r]} is not a finite "
-                         f"number (array {index})")
-
-
-def read_table(path: str, target_column: str = "") -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """Features and target of a data file: ``x (n, d)``, ``y (n, 1)`` as float64, and the feature names.
-
-    CSV: a header row (names may be quoted; spaces after commas are ignored) and numeric columns;
-    ``target_column`` (default: the last column) is the target, every other column a feature. Blank lines
-    are skipped. NPZ: arrays ``x`` (n, d) and ``y`` (n,) or (n, 1); feature names ``x0 .. x{d-1}``.
-    A missing, non-numeric or non-finite value (inf, -inf, nan, empty), or a row with the wrong number
-    of values, is an error naming the file, the data row (and for CSV the line) and the column.
-    """
-    x, y, names, _, _ = _read_table(path, target_column)
-    return x, y, names
-
-
-def _read_table(path: str, target_column: str):
-    """:func:`read_table`'s ``x, y, feature names``, the target's name, and each data row's line of the file (CSV;
-    None for NPZ, whose rows are array rows)."""
-    import numpy as np
-
-    if path.endswith(".npz"):
-        npz_shape(path)  # shapes and dtypes, with the same messages as the pre-launch check
-        with np.load(path, allow_pickle=False) as z:
-            x, y = np.asarray(z["x"], dtype=np.float64), np.asarray(z["y"], dtype=np.float64).reshape(-1, 1)
-        names = [f"x{i}" for i in range(x.shape[1])]
-        _first_non_finite(x, path, "x", names)
-        _first_non_finite(y[:, 0], path, "y")
-        return torch.from_numpy(x), torch.from_numpy(y), names, "y", None
-    table, names, features, t, lines = _read_csv(path, target_column)
-    return (torch.from_numpy(np.ascontiguousarray(table[:, features])),
-            torch.from_numpy(np.ascontiguousarray(table[:, [t]])), [names[i] for i in features], names[t], lines)
-
-
-@functools.lru_cache(maxsize=64)
-def _file_summary(path: str, target_column: str, mtime_ns: int, size: int) -> tuple[tuple[str, ...], int | None]:
-    """``(feature names, rows or None)`` of a data file from its header only; cached per file version."""
-    if path.endswith(".npz"):
-        rows, d = npz_shape(path)
-        return tuple(f"x{i}" for i in range(d)), rows
-    names = csv_header(path)
-    features, _ = split_columns(names, target_column, path)
-    return tuple(names[i] for i in features), None  # counting CSV rows would read the whole file
-
-
-def file_features(path: str, target_column: str = "") -> list[str]:
-    """Feature names of a data file, reading only its header line (CSV) or array headers (NPZ)."""
-    st = os.stat(path)
-    return list(_file_summary(path, target_column, st.st_mtime_ns, st.st_size)[0])
 
 
 # -- datasets ------------------------------------------------------------------------------------------
@@ -709,11 +366,11 @@ class TableRegression(RegressionData):
 
 
 class FileRegression(TableRegression):
-    """Real data from a CSV or NPZ file (:func:`read_table`), split into training and validation rows by
-    ``seed``: the last ``n_val`` rows of a seeded shuffle validate, at most ``n_train`` of the rest train."""
+    """Real data from a CSV or NPZ file (:func:`kanlib.datafiles.read_table`), split into training and validation
+    rows by ``seed``: the last ``n_val`` rows of a seeded shuffle validate, at most ``n_train`` of the rest train."""
 
     def __init__(self, path: str, target_column: str, n_train: int, n_val: int, seed: int, dtype=torch.float32):
-        x, y, names, target_name, lines = _read_table(path, target_column)
+        x, y, names, target_name, lines = read_table_with_lines(path, target_column)
         self.path = path
         super().__init__(x, y, names, n_train, n_val, seed, "file", RowNames(path, lines), target_name, dtype)
 
@@ -789,7 +446,7 @@ def task_shape(cfg) -> TaskShape:
                               f"target={cfg.target!r}")
         try:
             st = os.stat(path)
-            names, rows = _file_summary(path, cfg.target, st.st_mtime_ns, st.st_size)
+            names, rows = file_summary(path, cfg.target, st.st_mtime_ns, st.st_size)
         except TargetColumnError as e:
             raise ConfigError(f"target: {e}") from None
         except ValueError as e:
@@ -825,31 +482,20 @@ def check_task(cfg) -> None:
 
 def training_rows(cfg) -> int:
     """The training rows a run of ``cfg`` gets: ``n_train``, or at most that many of a data set's or file's rows
-    (those ``n_val`` leaves). A CSV file's rows are counted, with the parser of :func:`read_table`, once per file
-    version: only ``global_batch=0`` needs them before the run reads the file."""
+    (those ``n_val`` leaves). A CSV file's rows are counted, with the parser of :func:`kanlib.datafiles.read_table`,
+    once per file version: only ``global_batch=0`` needs them before the run reads the file."""
     s = task_shape(cfg)
     if s.train_rows is not None:
         return s.train_rows
     st = os.stat(cfg.data_path)
     try:
-        rows = _csv_rows(cfg.data_path, st.st_mtime_ns, st.st_size)
+        rows = csv_rows(cfg.data_path, st.st_mtime_ns, st.st_size)
     except ValueError as e:
         raise ConfigError(f"data_path: {e}") from None
     if cfg.n_val >= rows:
         raise ConfigError(f"n_val: {cfg.data_path} has {rows} rows; n_val={cfg.n_val} leaves none to train on")
     return min(cfg.n_train, rows - cfg.n_val)
 
-
-@functools.lru_cache(maxsize=64)
-def _csv_rows(path: str, mtime_ns: int, size: int) -> int:
-    """Data rows of a CSV file (blank lines are not rows), without converting a value; cached per file version."""
-    try:
-        with _open_csv(path) as f:
-            reader = _csv_reader(f)
-            next(reader, None)  # the header
-            return sum(1 for row in reader if row)
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise ValueError(f"{path}: cannot read as CSV: {e}") from None
 
 
 def make_dataset(cfg) -> Dataset:

@@ -185,7 +185,7 @@ class Provenance:
 
     schema_version: int = field(default=SCHEMA_VERSION, metadata=_doc("version of this schema"))
     code_version: str = field(default="", metadata=_doc("hash of the runtime source files "
-                                                         "(kanlib.config.code_version); part of the run key"))
+                                                         "(kanlib.runkey.code_version); part of the run key"))
     git_sha: str = field(default="unknown", metadata=_doc("commit of the kanlib checkout (`-dirty` when it has "
                                                            "uncommitted changes), or `unknown`"))
     torch_version: str = field(default="", metadata=_doc("`torch.__version__`"))
@@ -238,7 +238,7 @@ def provenance() -> Provenance:
     """This process's provenance: versions, host, SLURM job, relevant environment variables."""
     import torch
 
-    from kanlib.config import code_version
+    from kanlib.runkey import code_version
 
     nccl = None
     if torch.cuda.is_available():

@@ -1,9 +1,10 @@
 """The data-parallel training loop: ``train(cfg) -> RunRecord``.
 
 Entry point for torchrun: ``python -m kanlib.train --key=value ...`` (a single process when RANK is
-unset). Rank 0 writes the run's folder ``out_dir/<study>/<run_key>/`` (kanlib.records): ``config.json``
-first, ``steps.csv`` (one :class:`~kanlib.records.StepRow` per step, flushed as it comes), ``model.pt``
-and last ``record.json`` (atomically; its presence marks the run complete).
+unset; kanlib.train_cli reads the command line). Rank 0 writes the run's folder ``out_dir/<study>/<run_key>/``
+(kanlib.records): ``config.json`` first (kanlib.checkpoint.prepare_run_dir), ``steps.csv`` (one
+:class:`~kanlib.records.StepRow` per step, flushed as it comes), ``model.pt`` and last ``record.json``
+(atomically; its presence marks the run complete).
 
 :func:`train` reads top to bottom: :func:`start_or_resume`, then per step :func:`train_step` (returns the
 step's row) and :func:`checkpoint_or_stop`, then :func:`finish` (returns the record). Faults
@@ -32,7 +33,7 @@ _PROCESS_START = process_start_time()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from kanlib import checkpoint, distributed, faults, grids, hooks, manifest, optim, records  # noqa: E402
+from kanlib import checkpoint, distributed, faults, grids, hooks, manifest, optim, records, train_cli  # noqa: E402
 from kanlib.config import RunConfig  # noqa: E402
 from kanlib.data import make_dataset, training_dtype  # noqa: E402
 from kanlib.distributed import AsyncFlag, DistInfo  # noqa: E402
@@ -129,7 +130,7 @@ def start_or_resume(cfg: RunConfig, group: distributed.Group) -> Run:
     run_dir = cfg.run_dir()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if info.is_main:
-        _prepare_run_dir(cfg, run_dir)
+        checkpoint.prepare_run_dir(run_dir, cfg.to_dict())
     distributed.barrier(info)  # rank 0 has tidied the folder before anyone reads a checkpoint
     torch.manual_seed(cfg.seed)  # identical initialisation on every rank (DDP also broadcasts)
     data = make_dataset(cfg)
@@ -145,7 +146,7 @@ def start_or_resume(cfg: RunConfig, group: distributed.Group) -> Run:
     optimizer, n_opt_states = make_optimizer(model, cfg)
     start_step = 0
     if ck is not None:
-        _load_optimizer(model, optimizer, ck["optimizer"], cfg, info)
+        checkpoint.load_optimizer(model, optimizer, ck["optimizer"], _fsdp(cfg, info), info)
         checkpoint.set_rng_state(ck["rng"][info.rank], info.device)
         start_step = int(ck["step"])
     steps = distributed.all_gather(torch.tensor([start_step], dtype=torch.int64), info).view(-1).tolist()
@@ -460,7 +461,7 @@ def _save_checkpoint(run: Run, step: int) -> str | None:
         dist.all_gather_object(rngs, rng)
     else:
         rngs = [rng]
-    model_state, optim_state = _full_states(run)  # collective under FSDP
+    model_state, optim_state = checkpoint.full_states(run.model, run.optimizer, _fsdp(run.cfg, info), info)
     if not info.is_main:
         return None
     kill = None
@@ -497,7 +498,7 @@ def finish(run: Run) -> RunRecord | None:
     final = _evaluate(run)
     if cfg.target_val_loss and run.target_at is None and final["val_loss"] <= cfg.target_val_loss:
         run.target_at = (len(run.rows) + run.start_step, run.train_wall_s)  # reached at the last step
-    state = _full_state_dict(run)
+    state = checkpoint.full_model_state(run.model, _fsdp(cfg, info))  # collective under FSDP
     _check_losses(run, combined["loss"], final["val_loss"])
     if not info.is_main:
         return None
@@ -603,40 +604,6 @@ def _fsdp(cfg: RunConfig, info: DistInfo) -> bool:
     return cfg.parallelism == "fsdp" and info.distributed
 
 
-def _full_state_dict(run: Run) -> dict:
-    """The final parameters as full CPU tensors (collective under FSDP, which shards them)."""
-    if _fsdp(run.cfg, run.info):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return get_model_state_dict(run.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v.detach().cpu() for k, v in run.model.state_dict().items()}
-
-
-def _full_states(run: Run) -> tuple[dict, dict]:
-    """Model and optimizer state for a checkpoint: as they are under DDP; gathered into full tensors on CPU
-    under FSDP (collective), so a checkpoint does not depend on the sharding."""
-    if _fsdp(run.cfg, run.info):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        if isinstance(run.optimizer, optim.LBFGS):  # one flat history per rank, not per-parameter states
-            return _full_state_dict(run), optim.gather_state(run.optimizer, run.info)
-        return _full_state_dict(run), get_optimizer_state_dict(run.model, run.optimizer, options=opts)
-    return run.model.state_dict(), run.optimizer.state_dict()
-
-
-def _load_optimizer(model, optimizer, state: dict, cfg: RunConfig, info: DistInfo) -> None:
-    """Restore the optimizer from a checkpoint; under FSDP from its full state, cut into this rank's shards."""
-    if _fsdp(cfg, info) and isinstance(optimizer, optim.LBFGS):
-        optim.load_state(optimizer, state, info)
-    elif _fsdp(cfg, info):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
-    else:
-        optimizer.load_state_dict(state)
-
-
 def _check_losses(run: Run, losses: torch.Tensor, val_loss: float) -> None:
     """A run whose last losses are non-finite, or that skipped most of its steps, did not train."""
     n = len(run.rows)
@@ -664,71 +631,9 @@ def _check_replicas_agree(model: torch.nn.Module, info: DistInfo) -> None:
         raise RuntimeError(f"parameters differ across ranks after training: ranks {differ} disagree with rank 0")
 
 
-def _prepare_run_dir(cfg: RunConfig, run_dir: str) -> int | None:
-    """Rank 0, before anything else: write config.json, decide fresh start or resume, tidy up.
-
-    A folder with a record is a completed run being rerun: it starts afresh. Otherwise the last
-    committed checkpoint (if any) is resumed; uncommitted checkpoint files are removed and steps.csv
-    keeps only the rows of steps before the checkpoint. Returns the step to resume from, or None.
-    """
-    os.makedirs(run_dir, exist_ok=True)
-    records.atomic_write_json(os.path.join(run_dir, records.CONFIG_NAME), cfg.to_dict())
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(run_dir, records.PREEMPTED_NAME))
-    steps_path = os.path.join(run_dir, records.STEPS_NAME)
-    record_path = os.path.join(run_dir, records.RECORD_NAME)
-    if os.path.exists(record_path):
-        checkpoint.remove_all(run_dir)
-        os.remove(record_path)
-    checkpoint.clean_uncommitted(run_dir)
-    resume = checkpoint.latest_step(run_dir)
-    if resume is None:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(steps_path)
-    else:
-        records.truncate_steps(steps_path, resume)
-    return resume
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        print(RunConfig.usage("python -m kanlib.train"))
-        return 0
-    distributed.die_with_launcher()
-    cfg = RunConfig.from_cli(argv)
-    distributed.check_launch(cfg)  # before the run's folder (the lock below) exists: a mismatch leaves none
-    lock = None
-    if not os.environ.get("KANLIB_RUNNER_LOCKS") and os.environ.get("RANK", "0") == "0":
-        # Started by hand (a runner holds the lock of every run it launches): one process per run folder, as
-        # under a runner; a second start of the same config would append to the first's steps.csv (issue 23)
-        lock = manifest.RunLock(cfg.run_dir())
-        if not lock.acquire(wait=False):
-            print(f"kanlib: {cfg.run_dir()} is being run by {lock.holder()}; not starting it twice",
-                  file=sys.stderr, flush=True)
-            return 3
-    try:
-        rec = train(cfg)
-    finally:
-        if lock is not None:
-            lock.release()
-    if rec is not None:
-        print(f"kanlib: world_size={rec.world_size} precision={cfg.precision} step_time_s={rec.step_time_s:.6f} "
-              f"samples_per_s={rec.samples_per_s:.1f} {validation_summary(rec)} "
-              f"record={os.path.join(cfg.run_dir(), records.RECORD_NAME)}", flush=True)
-    return 0
-
-
-def validation_summary(rec: RunRecord) -> str:
-    """The final validation loss under its own name: ``val_cross_entropy`` and ``val_accuracy`` (classification), or
-    ``val_mse`` and ``val_rmse`` of the (standardised) target and ``val_rmse_target_units``, the RMSE in the target's
-    own units (``target_std`` times it; the same number where the target is not standardised)."""
-    loss = rec.final_val_loss
-    if rec.final_val_accuracy is not None:
-        return f"val_cross_entropy={loss:.6g} val_accuracy={rec.final_val_accuracy:.4f}"
-    rmse = math.sqrt(loss) if loss >= 0 else math.nan
-    scale = rec.target_std if rec.target_std is not None else 1.0
-    return f"val_mse={loss:.6g} val_rmse={rmse:.6g} val_rmse_target_units={rmse * scale:.6g}"
+    """``python -m kanlib.train --key=value ...``: one run of the config the arguments give (kanlib.train_cli)."""
+    return train_cli.main(sys.argv[1:] if argv is None else argv, train)
 
 
 if __name__ == "__main__":

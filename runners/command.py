@@ -192,7 +192,7 @@ def launch_env(cfg: Config, launcher: str = "local", base: dict | None = None) -
     # ("Gloo connectFullMesh failed"); a separate store per attempt works (docs/faults.md).
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     # The runner holds each run folder's lock while the launch runs it (kanlib.manifest.RunLock); a run
-    # started by hand takes it itself (kanlib.train.main).
+    # started by hand takes it itself (kanlib.train_cli.main).
     env["KANLIB_RUNNER_LOCKS"] = "1"
     # How long torchrun waits for workers to checkpoint after SIGTERM before it kills them.
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_GRACE_S))

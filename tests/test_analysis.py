@@ -125,18 +125,18 @@ def test_analysis_code_leaves_run_keys_alone_and_runtime_code_changes_them(tmp_p
     kanlib.studies, report, guidelines) keeps every run key; an edit of a runtime module changes them."""
     import shutil
 
-    from kanlib import config
+    from kanlib import runkey
 
     pkg = tmp_path / "kanlib"
-    shutil.copytree(os.path.dirname(config.__file__), pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    before = config.runtime_sources(str(pkg))
+    shutil.copytree(os.path.dirname(runkey.__file__), pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    before = runkey.runtime_sources(str(pkg))
     assert "train.py" in before and "errors.py" in before
     assert not [p for p in before if p.split(os.sep)[0] in ("analysis", "studies", "report.py", "guidelines.py")]
     (pkg / "analysis" / "new_helper.py").write_text("x = 1\n")
-    assert config.runtime_sources(str(pkg)) == before
+    assert runkey.runtime_sources(str(pkg)) == before
     (pkg / "worker_extra").mkdir()
     (pkg / "worker_extra" / "part.py").write_text("x = 1\n")  # a runtime subpackage counts
-    assert os.path.join("worker_extra", "part.py") in config.runtime_sources(str(pkg))
+    assert os.path.join("worker_extra", "part.py") in runkey.runtime_sources(str(pkg))
 
 
 def test_disturbed_runs_are_left_out_by_default_named_and_kept_apart_on_request(tmp_path):

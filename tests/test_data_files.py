@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kanlib.config import ConfigError, RunConfig
-from kanlib.data import FileRegression, csv_header, make_dataset, npz_shape, read_table
+from kanlib.data import FileRegression, make_dataset
+from kanlib.datafiles import csv_header, npz_shape, read_table
 
 
 def write_csv(path, n=300, seed=0):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kanlib.config import ConfigError, RunConfig
-from kanlib.data import BUNDLED, FEYNMAN, FeynmanRegression, check_task, make_dataset
+from kanlib.data import BUNDLED, FeynmanRegression, check_task, make_dataset
+from kanlib.feynman import FEYNMAN
 
 PI = math.pi
 

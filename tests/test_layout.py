@@ -7,7 +7,7 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 90
 MAX_MODULE_LINES = 700
-OVER_MODULE_LINES = {"kanlib.data", "kanlib.train"}
+OVER_MODULE_LINES: set = set()
 """Modules still over MAX_MODULE_LINES when the rule came in (issue 35), each to be split and taken off this list."""
 
 

@@ -280,7 +280,8 @@ def test_code_change_changes_the_run_key(tmp_path):
         shutil.copytree(os.path.join(ROOT, name), tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
 
     def key() -> str:
-        code = "from kanlib.config import RunConfig, code_version; print(code_version(), RunConfig().run_key())"
+        code = ("from kanlib.config import RunConfig; from kanlib.runkey import code_version; "
+                "print(code_version(), RunConfig().run_key())")
         env = {k: v for k, v in os.environ.items() if k != "KANLIB_CODE_VERSION"}
         return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
                               text=True, check=True).stdout.split()
@@ -328,15 +329,15 @@ def test_rewritten_data_file_is_run_again_not_reused(tmp_path):
 
 def test_a_torch_upgrade_changes_the_run_key(monkeypatch):
     """Issue 23: after a torch upgrade a sweep reused the old records (the key did not cover the torch version)."""
-    from kanlib import config
+    from kanlib import runkey
     from kanlib.config import RunConfig
 
     import torch
 
-    assert config.torch_version() == torch.__version__  # the version a run's record states
+    assert runkey.torch_version() == torch.__version__  # the version a run's record states
     cfg = RunConfig()
     before = cfg.run_key()
-    monkeypatch.setattr(config, "torch_version", lambda: "9.9.9+cpu")
+    monkeypatch.setattr(runkey, "torch_version", lambda: "9.9.9+cpu")
     assert cfg.run_key() != before
 
 

@@ -246,9 +246,9 @@ def select_code(df: pd.DataFrame, code: str = "newest") -> tuple[pd.DataFrame, l
 
 
 def this_checkout() -> tuple[str, str]:
-    """The code version a run launched from this checkout would record (:func:`kanlib.config.code_version`) and the
+    """The code version a run launched from this checkout would record (:func:`kanlib.runkey.code_version`) and the
     commit it runs from (``git rev-parse HEAD`` of the checkout, without ``-dirty``; '' where git cannot say)."""
-    from kanlib.config import code_version  # torch-free
+    from kanlib.runkey import code_version  # torch-free
     from kanlib.records import git_sha
 
     sha = git_sha()
