@@ -19,8 +19,8 @@ COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
 # Calls outside kanlib/distributed.py whose tensors are on the device by construction.
 ALLOWED = {
     ("hooks.py", "all_reduce"): "DDP's gradient bucket, which lives on the device",
-    ("model.py", "all_gather"): "grid update: the batch x, on the device, and sizes created on x.device",
-    ("model.py", "broadcast"): "grid update: the layer's buffers and parameters, on the device",
+    ("grids.py", "all_gather"): "grid update: the batch x, on the device, and sizes created on x.device",
+    ("grids.py", "broadcast"): "grid update: the layer's buffers and parameters, on the device",
     ("collbench.py", "all_reduce"): "the benchmark's message, allocated on info.device",
     ("optim.py", "all_reduce"): "L-BFGS's scalars under FSDP: reductions of its flat vectors, on the parameters' device",
 }
