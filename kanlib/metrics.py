@@ -10,6 +10,7 @@ Definitions (also in docs/measurement.md):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import os
@@ -156,6 +157,154 @@ def _vm_hwm_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+# -- tensor memory: the bytes a training step's tensors take, counted by the allocator -------------------
+def state_tensor_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                       ddp_buckets: bool = False) -> int:
+    """Bytes of the tensors a training step starts from and keeps, counted from the tensors themselves: this rank's
+    parameters (its shards under FSDP), buffers and allocated gradients, every tensor in the optimizer's state
+    (nested lists and dicts too: L-BFGS's history), each storage once; ``ddp_buckets``: plus DDP's gradient buckets,
+    which its reducer keeps for the whole run (one gradient-sized copy of the trainable parameters; the gradients
+    are views into them under ``gradient_as_bucket_view``)."""
+    seen: set = set()
+    total = 0
+
+    def add(obj) -> None:
+        nonlocal total
+        if isinstance(obj, torch.Tensor):
+            t = obj.to_local() if hasattr(obj, "to_local") else obj  # an FSDP shard: this rank's part
+            st = t.untyped_storage()
+            key = (t.device, st.data_ptr())
+            if key not in seen and st.nbytes():
+                seen.add(key)
+                total += st.nbytes()
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                add(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                add(v)
+
+    for p in model.parameters():
+        add(p)
+        add(p.grad)
+    for b in model.buffers():
+        add(b)
+    if optimizer is not None:
+        for st in optimizer.state.values():
+            add(st)
+    if ddp_buckets:
+        total += sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return total
+
+
+def allocator_rise_bytes(step, device: torch.device) -> int:
+    """Run ``step()`` once and return the most the bytes of live tensors rose above their level at its start, as the
+    allocator counts them. CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``, less
+    ``memory_allocated`` at the start. CPU: torch's profiler with ``profile_memory``: its memory events are each
+    allocation (+bytes) and free (-bytes) of the CPU allocator in order, and the running sum's maximum is the rise
+    (a block allocated before the profile and freed inside it is not counted down: the rise is an upper bound
+    there). Resets CUDA's peak statistics: read the run's peak memory first."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return max(0, int(torch.cuda.max_memory_allocated(device)) - int(before))
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler import profile
+
+    prof = profile(use_cpu=True, profile_memory=True)
+    with _quiet_stderr():  # Kineto prints a line to stderr as it starts and stops: not the run's news
+        prof.__enter__()
+    try:
+        step()
+    finally:
+        with _quiet_stderr():
+            prof.__exit__(None, None, None)
+    host = (DeviceType.CPU, DeviceType.MKLDNN, DeviceType.IDEEP)
+    events = sorted((e for e in prof.kineto_results.events() if e.name() == "[memory]" and e.device_type() in host),
+                    key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return int(peak)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null for the moment inside (C++ code writes there, not through ``sys.stderr``)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no descriptor 2 (a detached process): nothing to quieten
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def step_tensor_peak_bytes(step, device: torch.device, model: torch.nn.Module,
+                           optimizer: torch.optim.Optimizer | None = None, ddp_buckets: bool = False) -> int:
+    """The tensor memory of one training step ``step()`` (forward, backward, optimizer): the bytes live at its start
+    that it keeps (:func:`state_tensor_bytes`: parameters, buffers, gradients, optimizer state, DDP's buckets) plus
+    the most the allocator's live bytes rose during it (:func:`allocator_rise_bytes`: the batch, activations, new
+    gradients, communication and optimizer temporaries). Not the process's resident set: the framework's code,
+    caches and the data set a process holds on the host are not counted, so the number follows the model's size."""
+    return state_tensor_bytes(model, optimizer, ddp_buckets) + allocator_rise_bytes(step, device)
+
+
+def measure_step_tensor_peak(run) -> int:
+    """:func:`step_tensor_peak_bytes` of one extra training step of a :class:`kanlib.train.Run`, after its measured
+    steps (untimed; every rank takes it, as DDP's all-reduce and FSDP's gathers are collective): the first
+    micro-batch of a next batch through ``run.module`` (forward under the run's autocast, loss, backward), then the
+    optimizer's update (L-BFGS: its step with line search). The parameters and buffers are put back afterwards, so
+    the trained model is unchanged; the optimizer's state is not (the run is over)."""
+    from kanlib import optim
+
+    cfg, info = run.cfg, run.info
+    k = cfg.grad_accum_steps
+    kept = [t.detach().clone() for t in (*run.model.parameters(), *run.model.buffers())]
+    run.optimizer.zero_grad(set_to_none=True)
+    batch: list = []
+
+    def forward_backward() -> torch.Tensor:
+        x, y = batch
+        with run.autocast:
+            out = run.module(x)
+        loss = run.data.loss(out, y)
+        loss.backward()
+        return loss.detach()
+
+    def step() -> None:
+        x, y = run.data.shard(cfg.steps, cfg.global_batch, info.rank, info.world_size)  # the batch is the step's
+        x, y = (x.chunk(k)[0], y.chunk(k)[0]) if k > 1 else (x, y)
+        batch[:] = x.to(info.device), y.to(info.device)
+        loss = forward_backward()
+        if isinstance(run.optimizer, optim.LBFGS):
+            optim.lbfgs_step(run.optimizer, forward_backward, loss, info, PhaseClock(info.device),
+                             new_batch=cfg.global_batch < run.data.n_train)
+        else:
+            run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    try:
+        return step_tensor_peak_bytes(step, info.device, run.model, run.optimizer,
+                                      ddp_buckets=isinstance(run.module, DistributedDataParallel))
+    finally:
+        with torch.no_grad():
+            for t, v in zip((*run.model.parameters(), *run.model.buffers()), kept):
+                t.copy_(v)
 
 
 def device_memory(device: torch.device) -> tuple[int | None, int | None]:

@@ -331,6 +331,13 @@ class RunRecord:
         "`cuda_max_allocated` (allocator peak after warm-up), `cpu_peak_rss` (the process's peak resident set "
         "after warm-up: its high-water mark reset through `/proc/self/clear_refs`) or `cpu_peak_rss_process` "
         "(since the process started, where that reset is not possible)"))
+    tensor_peak_bytes: int | None = field(default=None, metadata=_doc(
+        "rank 0's tensor memory of one training step (bytes): the tensors it starts from and keeps (parameters, "
+        "buffers, gradients, optimizer state, DDP's gradient buckets; counted from the tensors) plus the most the "
+        "allocator's live bytes rose during it (batch, activations, temporaries): on CPU from torch's profiler's "
+        "memory events (`profile_memory`), on CUDA from `max_memory_allocated`; one extra, untimed step after the "
+        "measured ones, the trained parameters put back. Not the resident set: it follows the model's size "
+        "(kanlib.metrics.step_tensor_peak_bytes); null in records written before it was measured"))
     peak_reserved_bytes: int | None = field(default=None, metadata=_doc(
         "CUDA: maximum over ranks of the allocator's peak reserved memory (null on CPU)"))
     device_used_bytes: int | None = field(default=None, metadata=_doc(
@@ -588,8 +595,8 @@ def json_default(o):
 # Record fields that must be finite and positive for a record to be used, and those that must be
 # finite and non-negative when present.
 _POSITIVE = ("step_time_s", "world_size", "global_batch")
-_NON_NEGATIVE = ("forward_s", "backward_s", "optimizer_s", "comm_total_s", "peak_mem_bytes", "n_params",
-                 "emulated_s", "time_to_target_s")
+_NON_NEGATIVE = ("forward_s", "backward_s", "optimizer_s", "comm_total_s", "peak_mem_bytes", "tensor_peak_bytes",
+                 "n_params", "emulated_s", "time_to_target_s")
 
 
 def _out_of_range(rec: dict, positive, non_negative, required: bool = False) -> str | None:

@@ -38,8 +38,8 @@ from kanlib.config import RunConfig  # noqa: E402
 from kanlib.data import make_dataset, training_dtype  # noqa: E402
 from kanlib.distributed import AsyncFlag, DistInfo  # noqa: E402
 from kanlib.metrics import (InterferenceProbe, PhaseClock, combine_interference, device_memory,  # noqa: E402
-                            model_state_bytes, peak_memory_bytes, release_host_memory, reset_peak_memory,
-                            steady_host_allocator, summarize)
+                            measure_step_tensor_peak, model_state_bytes, peak_memory_bytes, release_host_memory,
+                            reset_peak_memory, steady_host_allocator, summarize)
 from kanlib.model import build_model, compile_seconds, count_params, kernel_paths, reset_kernel_paths  # noqa: E402
 from kanlib.records import RunRecord, StepRow  # noqa: E402
 
@@ -496,6 +496,7 @@ def finish(run: Run) -> RunRecord | None:
     mem = distributed.all_reduce(torch.tensor([float(peak_local), float(reserved or 0), float(used or 0)],
                                               dtype=torch.float64), info, "max").tolist()
     final = _evaluate(run)
+    tensor_peak = measure_step_tensor_peak(run)  # one more step, untimed and profiled; the model is put back
     if cfg.target_val_loss and run.target_at is None and final["val_loss"] <= cfg.target_val_loss:
         run.target_at = (len(run.rows) + run.start_step, run.train_wall_s)  # reached at the last step
     state = checkpoint.full_model_state(run.model, _fsdp(cfg, info))  # collective under FSDP
@@ -542,7 +543,7 @@ def finish(run: Run) -> RunRecord | None:
         compile_s=compile_seconds() - run.compile_before,
         time_to_first_step_s=run.first_step_at - (run.group.started_at or _PROCESS_START),
         launch_id=run.group.launch_id, runs_before_in_launch=run.group.runs_before,
-        peak_mem_bytes=int(mem[0]), peak_mem_kind=peak_kind,
+        peak_mem_bytes=int(mem[0]), peak_mem_kind=peak_kind, tensor_peak_bytes=tensor_peak,
         peak_reserved_bytes=int(mem[1]) if reserved is not None else None,
         device_used_bytes=int(mem[2]) if used is not None else None,
         final_train_loss=float(combined["loss"][-1]), final_val_loss=final["val_loss"],

@@ -92,13 +92,16 @@ def guideline_records():
     return recs
 
 
-def size_records():
+def size_records(sizes=(1_000, 10_000, 100_000), tensor=None, **kw):
+    """A KAN and an MLP at each parameter count of ``sizes`` (one process); ``tensor(p)``: the tensor memory of a step
+    at ``p`` parameters (``tensor_peak_bytes``; without it the records predate it and hold none)."""
     out = []
     for model, k in (("kan", 1.0), ("mlp", 0.4)):
-        for p in (1_000, 10_000, 100_000):
-            out.append(rec(study="model_size", model=model, world_size=1, global_batch=64, widths=[2, p // 10, 1],
-                           n_params=p, peak_mem_bytes=4e8 + 20 * p, model_state_bytes=16 * p,
-                           step_time_s=k * (1e-3 + 1e-8 * p)))
+        for p in sizes:
+            more = {"tensor_peak_bytes": tensor(p)} if tensor is not None else {}
+            out.append(rec(**{**dict(study="model_size", model=model, world_size=1, global_batch=64,
+                                     widths=[2, p // 10, 1], n_params=p, peak_mem_bytes=4e8 + 20 * p,
+                                     model_state_bytes=16 * p, step_time_s=k * (1e-3 + 1e-8 * p)), **more, **kw}))
     return out
 
 

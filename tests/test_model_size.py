@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from synthetic import fsdp_records, rec, traces_of, write_records
+from synthetic import fsdp_records, rec, size_records, traces_of, write_records
 
 from kanlib import guidelines, report
 from kanlib.analysis import load, style
@@ -113,3 +113,56 @@ def test_model_size_findings_never_draw_one_line_through_ddp_and_fsdp(tmp_path):
     fsdp = model_size.finding(report.analyze(str(tmp_path / "two"), "model_size"))[2]["ours"]
     assert "kan 1x2, global_batch=128: no measured size where FSDP pays" in fsdp
     assert "kan 1x2, global_batch=64: FSDP pays from 1,000,000 parameters" in fsdp
+
+
+CPU = {"on_gpu": False, "max_n": 2, "real_nodes": False}  # kanlib.front.machine's facts of a 2-core CPU host
+NOT_HERE = "CPU, not GPUs; N <= 2 (paper: 8)"
+
+
+def _judged(root, recs):
+    write_records(root, recs)
+    a = report.analyze(str(root), "model_size")
+    return a, model_size.judge_memory(a, CPU, NOT_HERE), model_size.judge(a, CPU, NOT_HERE)
+
+
+def test_parameters_per_byte_of_tensor_memory_are_decided_on_any_machine_the_step_time_is_not(tmp_path):
+    """Issue 36, 2(b): on CPU peak memory was the process's resident set, flat with the size, so the whole model-size
+    claim read "not comparable here". Parameters per byte of the tensor memory of a step (tensor_peak_bytes) are
+    judged on their own, on any machine, along each line of four or more sizes (DDP and FSDP apart); the step time
+    stays the hardware-dependent part."""
+    sizes = (1_000, 10_000, 100_000, 1_000_000)
+    fixed = size_records(sizes, tensor=lambda p: 2e5 + 16 * p, parallelism="ddp")  # a fixed cost amortised
+    fsdp = size_records(sizes[:2], tensor=lambda p: 1e5 + 8 * p, parallelism="fsdp")  # two sizes: not judged
+    a, memory, time = _judged(tmp_path / "rise", fixed + fsdp)
+    assert memory["verdict"] == "confirmed"
+    assert memory["number"].startswith(f"kan 1x1, parallelism=ddp: {1_000 / (2e5 + 16e3):.3g} to "
+                                       f"{1e6 / (2e5 + 16e6):.3g} parameters per byte over 4 sizes")
+    assert memory["why"].startswith("decides: whether parameters per byte of tensor memory rise with model size")
+    assert "line(s) with fewer than 4 sizes not judged: kan 1x1, parallelism=fsdp, mlp 1x1, parallelism=fsdp" \
+        in memory["why"]
+    assert time["verdict"] == "not comparable here" and time["why"].startswith("decides: how the step time grows")
+    d = a.table.data.set_index(["model", "parallelism", "n_params"])
+    assert d.loc[("kan", "ddp", 1_000), "params_per_byte"] == pytest.approx(1_000 / (2e5 + 16e3))  # not the RSS
+    assert set(d["per_byte_of"]) == {"tensor memory"}
+    c = {c.title: c for c in model_size.CLAIMS}
+    assert c["Model-size scaling: parameters per byte of tensor memory"].test_with == ""  # any machine decides it
+    assert c["Model-size scaling: step time"].test_with  # the paper's cluster does
+
+    # one size whose bytes grow faster than its parameters: parameters per byte fall there, on the KAN's line only
+    falls = [dict(r, tensor_peak_bytes=3e7) if r["model"] == "kan" and r["n_params"] == 100_000 else r for r in fixed]
+    _, memory, _ = _judged(tmp_path / "fall", falls)
+    assert memory["verdict"] == "contradicted"
+    assert "they fall between two sizes on kan 1x1" in memory["why"] and "mlp 1x1" not in memory["why"]
+
+
+def test_without_four_sizes_or_tensor_memory_the_claim_is_untested_and_the_resident_set_is_named(tmp_path):
+    a, memory, _ = _judged(tmp_path / "three", size_records(tensor=lambda p: 2e5 + 16 * p))
+    assert memory["verdict"] == "untested" and memory["number"] == "tensor memory at 3 size(s) per line"
+    assert "needs tensor memory (tensor_peak_bytes) at 4 or more sizes along a line of sizes" in memory["why"]
+    old = size_records((1_000, 10_000, 100_000, 1_000_000), peak_mem_kind="cpu_peak_rss")  # before it was measured
+    a, memory, _ = _judged(tmp_path / "old", old)
+    assert memory["verdict"] == "untested" and memory["number"] == "no tensor memory recorded"
+    assert set(a.table.data["per_byte_of"]) == {"resident set"}  # the fallback, named
+    ours = model_size.finding(a)[0]["ours"]
+    assert "parameters per byte of resident set" in ours and "per byte of the resident set is an artefact" in ours
+    assert "(of the resident set)" in model_size.display_table(a.table)["params per byte"].iloc[0]

@@ -44,6 +44,7 @@ def test_step_columns_come_from_the_row_and_round_trip(tmp_path):
     ({"step_time_s": "fast"}, "step_time_s is 'fast', not a number"),
     ({"schema_version": 99}, "schema_version 99"),
     ({"comm_total_s": -0.1}, "comm_total_s is -0.1"),
+    ({"tensor_peak_bytes": -4096}, "tensor_peak_bytes is -4096"),
     ({"time_to_target_s": -1.5}, "time_to_target_s is -1.5"),
     ({"final_val_loss": float("nan")}, "final_val_loss is nan, not a finite number"),
     ({"nnodes": 1, "nproc_per_node": 4}, "world_size is 2, but the placement nnodes x nproc_per_node is 1x4"),

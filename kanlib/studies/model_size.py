@@ -1,7 +1,9 @@
 """Model-size scaling: KAN beside a matched-parameter MLP across sizes, and DDP against FSDP per size.
 
-Per size: parameters, step time, peak memory, parameters per byte (of peak memory and of the analytic model
-state) and time per parameter; with both parallelisms measured, FSDP's peak memory and step against DDP's.
+Per size: parameters, step time, peak memory, the tensor memory of a step, parameters per byte (of the tensor
+memory where recorded, else of the peak memory; and of the analytic model state) and time per parameter; with both
+parallelisms measured, FSDP's peak memory and step against DDP's. The published claim is judged in two parts:
+parameters per byte of tensor memory, which any machine decides, and the step time, which needs the paper's GPUs.
 Guidelines: the size beyond which memory rather than step time limits a process, and the size from which FSDP
 lowers the peak memory per process.
 """
@@ -21,6 +23,10 @@ from kanlib.analysis.table import Table
 NAME = SECTION = RECORDS = "model_size"
 TITLE = "Model-size scaling (KAN vs matched-parameter MLP; DDP vs FSDP)"
 PUBLISHED = "a parameters-per-byte trend across model sizes"
+PUBLISHED_MEMORY = "parameters per byte of memory rise with model size"
+MIN_SIZES = 4
+"""Sizes a line needs before the parameters-per-byte claim is judged on it: with two or three, a fixed cost (the
+batch, the framework's buffers) amortised over the first sizes reads as a trend that may not go on."""
 PUBLISHED_FSDP = "not studied (DDP only)"
 PUBLISHED_TIME = "time scales unfavourably with model size"
 UNFAVOURABLE_SLOPE = 0.9
@@ -54,13 +60,14 @@ def line_fields(t: Table, drop=()) -> list[str]:
     return [f for f in dict.fromkeys(fields) if f not in drop and f in t.data]
 
 
-def size_lines(t: Table, col: str, drop=()):
-    """``(key, rows)`` per line of sizes (:func:`line_fields`, less ``drop``) whose ``col`` is finite, sorted by the
-    parameter count; ``t.data`` may be a subset of the table's rows (e.g. :func:`fsdp_table`'s)."""
+def size_lines(t: Table, col: str, drop=(), extra=()):
+    """``(key, rows)`` per line of sizes (:func:`line_fields`, less ``drop``, and ``extra`` columns of ``t.data``
+    that split a line further, e.g. ``per_byte_of``) whose ``col`` is finite, sorted by the parameter count;
+    ``t.data`` may be a subset of the table's rows (e.g. :func:`fsdp_table`'s)."""
     d = t.data
     if d.empty:
         return
-    for key, g in groups.groupby(d, line_fields(t, drop)):
+    for key, g in groups.groupby(d, line_fields(t, drop) + [c for c in extra if c in d]):
         g = g[np.isfinite(pd.to_numeric(g[col], errors="coerce").to_numpy(float))]
         yield key, g.sort_values("n_params", kind="stable")
 
@@ -82,8 +89,10 @@ def line_label(key: dict) -> str:
 
 def table(df: pd.DataFrame, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> Table:
     """Model-size scaling: per (group, model, widths, grid size) the parameter count, median step time
-    with its interval, peak memory, ``params_per_byte = n_params / peak_mem_bytes``,
-    ``params_per_state_byte = n_params / model_state_bytes`` and ``time_per_param_s = step_time / n_params``.
+    with its interval, peak memory, the median tensor memory of a step (``tensor_peak_bytes``, NaN where no run
+    recorded it), ``params_per_byte = n_params / tensor_peak_bytes`` where recorded, else ``n_params /
+    peak_mem_bytes`` (``per_byte_of`` names which: ``tensor memory``, or the peak memory's kind, e.g. the resident
+    set), ``params_per_state_byte = n_params / model_state_bytes`` and ``time_per_param_s = step_time / n_params``.
     Groups: every other config field that differs (parallelism, placement, batch, ...).
     """
     df, dropped = groups.valid(groups.with_placement(df), "step_time_s")
@@ -96,6 +105,9 @@ def table(df: pd.DataFrame, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) 
         n = int(g["n_params"].iloc[0])
         mem, mem_lo, mem_hi = stats.median_ci(g["peak_mem_bytes"].to_numpy(float), n_boot, seed)
         state = float(g["model_state_bytes"].iloc[0]) if "model_state_bytes" in g else np.nan
+        tensor = pd.to_numeric(g["tensor_peak_bytes"], errors="coerce") if "tensor_peak_bytes" in g else None
+        tensor = float(tensor.median()) if tensor is not None and (tensor > 0).any() else np.nan
+        per, of = (tensor, "tensor memory") if np.isfinite(tensor) else (mem, _peak_kind(g))
         val = pd.to_numeric(g["final_val_loss"], errors="coerce") if "final_val_loss" in g else pd.Series([np.nan])
         rows.append({**key, "placement": groups.placement_of(key["nnodes"], key["nproc_per_node"]), "n_runs": len(g),
                      "world_size": int(key["nnodes"]) * int(key["nproc_per_node"]),
@@ -103,13 +115,20 @@ def table(df: pd.DataFrame, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) 
                      "n_params": n, "depth": len(key["widths"]) - 1 if "widths" in key else np.nan,
                      "step_time_s": st, "step_time_lo": lo, "step_time_hi": hi,
                      "peak_mem_bytes": mem, "peak_mem_lo": mem_lo, "peak_mem_hi": mem_hi, "model_state_bytes": state,
-                     "params_per_byte": n / mem if mem > 0 else np.nan,
+                     "tensor_peak_bytes": tensor, "params_per_byte": n / per if per > 0 else np.nan, "per_byte_of": of,
                      "params_per_state_byte": n / state if state > 0 else np.nan,
                      "time_per_param_s": st / n if n > 0 else np.nan})
     out = pd.DataFrame(rows)
     if not out.empty:
         out = out.sort_values(["model", "n_params"], kind="stable").reset_index(drop=True)
     return groups.finish(out, d, dropped, "step_time_s")
+
+
+def _peak_kind(g: pd.DataFrame) -> str:
+    """What a group's peak memory measured, in words: ``resident set`` (CPU) or ``allocator peak`` (CUDA)."""
+    kinds = {str(k) for k in g.get("peak_mem_kind", pd.Series(dtype=str)).dropna()}
+    return ("resident set" if any("rss" in k for k in kinds) else "allocator peak" if any("cuda" in k for k in kinds)
+            else "peak memory")
 
 
 def table_of(ctx: Context) -> Table:
@@ -169,7 +188,7 @@ def figure(table: Table, title: str = "Model-size scaling") -> go.Figure:
     parameter against the parameter count (log-log), one colour per model in all four panels (the
     first model's line is drawn wider, so a line hidden under another's still shows)."""
     fig = make_subplots(rows=2, cols=2, subplot_titles=("Step time (ms)", "Peak memory (MiB)",
-                                                        "Parameters per byte of peak memory",
+                                                        "Parameters per byte (tensor memory)",
                                                         "Time per parameter (ns)"))
     models = sorted(table.data["model"].unique())
     other = [f for f in table.group_fields(drop=("model",)) if f not in ("grid_size", "widths")]
@@ -299,13 +318,17 @@ def analyze(ctx: Context) -> StudyAnalysis:
     size_only = t.with_data(d[d["parallelism"] == "ddp"], [f for f in t.groups if f != "parallelism"]) if both else t
     a = StudyAnalysis(NAME, table=t)
     fig = figure(size_only)
+    fallback = sorted(set(d["per_byte_of"]) - {"tensor memory"}) if "per_byte_of" in d else []
     a.add_figure("memory_time", fig, (
-        "Step time, peak memory, parameters per byte of peak memory and time per parameter against the parameter "
+        "Step time, peak memory, parameters per byte and time per parameter against the parameter "
         "count, KAN beside an MLP with the same parameter count (one colour per model in every panel"
         + ("; DDP runs only, FSDP below" if both else "") + "). See how "
         "much more time a KAN parameter costs than an MLP parameter, and whether parameters per byte rise with "
-        "size. On CPU peak memory is the process's resident set, dominated by the framework at small sizes, so "
-        "the two models' parameters-per-byte lines coincide there." + style.not_drawn(fig)))
+        "size. Parameters per byte are of the tensor memory of a step (parameters, gradients, optimizer state, "
+        "batch and activations, as the allocator counts them)"
+        + (f"; where a size has none recorded, of its {' or '.join(fallback)}, which on CPU the framework dominates "
+           "at small sizes" if fallback else "") + ". Peak memory is the process's: on CPU its resident set, "
+        "dominated by the framework at small sizes." + style.not_drawn(fig)))
     fs = fsdp_table(t)
     if not fs.empty:
         _add_fsdp(a, fs, ctx.runs(RECORDS).data)
@@ -313,7 +336,8 @@ def analyze(ctx: Context) -> StudyAnalysis:
 
 
 def display_table(t: Table) -> pd.DataFrame:
-    """Per size: parameters, step time, peak memory, parameters per byte, time per parameter."""
+    """Per size: parameters, step time, peak memory, tensor memory, parameters per byte (of the tensor memory, or
+    of the peak memory named where no tensor memory was recorded), time per parameter."""
     d = t.data
     if d.empty:
         return pd.DataFrame()
@@ -322,34 +346,38 @@ def display_table(t: Table) -> pd.DataFrame:
            "placement": d["placement"], "runs": d["n_runs"], "parameters": d["n_params"].map(lambda v: f"{v:,}"),
            "step (ms)": fmt.ci_column(d, "step_time_s", fmt.ms, "step_time_lo", "step_time_hi"),
            "peak memory (MiB)": d["peak_mem_bytes"].map(lambda v: f"{v / 2**20:,.1f}"),
-           "params per byte (peak)": d["params_per_byte"].map(lambda v: f"{v:.3g}"),
+           "tensor memory (MiB)": d["tensor_peak_bytes"].map(lambda v: f"{v / 2**20:,.2f}" if v > 0 else "-"),
+           "params per byte": [f"{v:.3g}" + ("" if of == "tensor memory" else f" (of the {of})")
+                               for v, of in zip(d["params_per_byte"], d["per_byte_of"])],
            "params per byte (model state)": d["params_per_state_byte"].map(lambda v: f"{v:.3g}"),
            "time per parameter (ns)": d["time_per_param_s"].map(lambda v: f"{v * 1e9:.3g}")}
     return pd.DataFrame(out).reset_index(drop=True)
 
 
 def finding(a: StudyAnalysis) -> list[dict]:
-    """The parameters-per-byte trend per model, and where FSDP pays."""
+    """The parameters-per-byte trend per line of sizes (of the tensor memory, or of the peak memory named where
+    none was recorded), the step time's, and where FSDP pays."""
     if a.empty or a.table is None or a.table.empty:
         return []
-    parts = []
-    for key, g in size_lines(a.table, "params_per_byte"):
+    parts, fallback = [], False
+    for key, g in size_lines(a.table, "params_per_byte", extra=("per_byte_of",)):
         if g["n_params"].nunique() < 2:
             continue
         slope = loglog_slope(g, "params_per_byte")
         trend = "rising" if slope > 0.05 else "falling" if slope < -0.05 else "flat"
-        parts.append(f"{line_label(key)}: {g['params_per_byte'].iloc[0]:.3g} to {g['params_per_byte'].iloc[-1]:.3g} "
-                     f"parameters per byte from {int(g['n_params'].iloc[0]):,} to {int(g['n_params'].iloc[-1]):,} "
-                     f"parameters ({trend}, log-log slope {slope:.2f})")
+        of = key.get("per_byte_of", "tensor memory")
+        fallback |= of != "tensor memory"
+        label = line_label({k: v for k, v in key.items() if k != "per_byte_of"})
+        parts.append(f"{label}: {g['params_per_byte'].iloc[0]:.3g} to {g['params_per_byte'].iloc[-1]:.3g} "
+                     f"parameters per byte of {of} from {int(g['n_params'].iloc[0]):,} to "
+                     f"{int(g['n_params'].iloc[-1]):,} parameters ({trend}, log-log slope {slope:.2f})")
     t = a.table.data
-    on_cpu = a.records is not None and "device" in a.records and \
-        not a.records["device"].astype(str).str.startswith("cuda").any()
-    if on_cpu and parts:  # a CPU process's peak resident set, not the memory the parameters take
-        parts.append(f"an artefact on CPU: peak memory is the process's resident set, "
-                     f"{fmt.mib(t['peak_mem_bytes'].min())}-{fmt.mib(t['peak_mem_bytes'].max())} MiB whatever the "
-                     f"size, "
-                     f"so parameters per byte rise with the parameters alone")
-    out = [{"study": SECTION, "topic": "Parameters per byte of peak memory against model size",
+    rss = t[t["per_byte_of"] == "resident set"] if "per_byte_of" in t else t.iloc[:0]
+    if fallback and len(rss):  # a CPU process's peak resident set, not the memory the parameters take
+        parts.append(f"per byte of the resident set is an artefact on CPU: "
+                     f"{fmt.mib(rss['peak_mem_bytes'].min())}-{fmt.mib(rss['peak_mem_bytes'].max())} MiB whatever "
+                     f"the size, so parameters per byte rise with the parameters alone")
+    out = [{"study": SECTION, "topic": "Parameters per byte against model size",
             "ours": "; ".join(parts) or "fewer than two sizes per model", "published": PUBLISHED}]
     tparts = []
     for key, g in size_lines(a.table, "step_time_s"):
@@ -513,23 +541,66 @@ def time_slope(t) -> float:
 
 
 def judge(a: StudyAnalysis, machine: dict, other: str, guidelines=None, ctx=None) -> dict:
-    """The verdict on the published model-size scaling: the step time's log-log slope against the parameters
-    (:func:`time_slope`); on CPU the resident set is no measure of the parameters' bytes, which the reason says."""
+    """The verdict on the hardware-dependent part of the published model-size scaling, the step time: its log-log
+    slope against the parameters (:func:`time_slope`); not comparable on a machine unlike the paper's (``other``).
+    Parameters per byte are judged apart (:func:`judge_memory`)."""
+    decides = "decides: how the step time grows with the parameters (hardware-dependent)"
     slope = time_slope(a.table)
     num = f"step time log-log slope {slope:.2f} against parameters" if np.isfinite(slope) else "one size only"
-    why = []
-    if not machine["on_gpu"]:
-        mem = a.table.data["peak_mem_bytes"]
-        why.append(f"on CPU peak memory is the process's resident set ({fmt.mib(mem.min())}-"
-                   f"{fmt.mib(mem.max())} MiB), so parameters per byte is an artefact")
     if other:
-        return {"verdict": claims.NOT_COMPARABLE, "number": num, "why": "; ".join(why + [other])}
+        return {"verdict": claims.NOT_COMPARABLE, "number": num, "why": f"{decides}; {other}"}
     if not np.isfinite(slope):
-        return {"verdict": "untested", "number": num, "why": "needs two model sizes"}
-    return claims.verdict(slope >= UNFAVOURABLE_SLOPE, num, "step time grows at least in proportion to the "
-                          "parameters", "step time grows slower than the parameters")
+        return {"verdict": "untested", "number": num, "why": f"{decides}; needs two model sizes"}
+    return claims.verdict(slope >= UNFAVOURABLE_SLOPE, num, f"{decides}; step time grows at least in proportion to "
+                          "the parameters", f"{decides}; step time grows slower than the parameters")
 
 
-CLAIMS = (claims.Claim("Model-size scaling", "parameters per byte rise with model size; time scales unfavourably",
-                       judge, NAME),)
-"""The published claim this study answers."""
+def memory_lines(t: Table) -> list[dict]:
+    """Per line of sizes (:func:`size_lines`: DDP and FSDP, placements, batches never mixed) with a tensor memory
+    recorded: ``{"label", "sizes", "first", "last", "rises", "slope"}``: the number of sizes, parameters per byte of
+    tensor memory at the smallest and the largest, whether they rise from every size to the next, and the log-log
+    slope of the tensor bytes against the parameters (below 1: bytes grow slower than the parameters)."""
+    out = []
+    for key, g in size_lines(t, "tensor_peak_bytes"):
+        g = g[g["tensor_peak_bytes"] > 0]
+        if g.empty:
+            continue
+        per = (g["n_params"] / g["tensor_peak_bytes"]).to_numpy(float)
+        out.append({"label": line_label(key), "sizes": int(g["n_params"].nunique()), "first": float(per[0]),
+                    "last": float(per[-1]), "rises": bool(len(per) > 1 and (np.diff(per) > 0).all()),
+                    "slope": loglog_slope(g, "tensor_peak_bytes")})
+    return out
+
+
+def judge_memory(a: StudyAnalysis, machine: dict, other: str, guidelines=None, ctx=None) -> dict:
+    """The hardware-independent part of the published model-size scaling: parameters per byte of tensor memory
+    (``tensor_peak_bytes``: what a step's tensors take, as the allocator counts them, on CPU as on GPU) rise with
+    the model's size. On every line of sizes with at least :data:`MIN_SIZES` sizes (:func:`memory_lines`):
+    confirmed when parameters per byte rise from each size to the next on every such line, contradicted when they
+    fall somewhere. The rule is a rise at every step, not a fitted slope below 1: the claim is that they rise, and
+    a step's tensor bytes are the same from run to run (the allocations of a fixed program), so a fall between two
+    sizes is a fact, not noise. Untested without tensor memory (records written before it was measured) or with
+    fewer than :data:`MIN_SIZES` sizes on every line. Any machine decides it (``other`` does not apply)."""
+    decides = ("decides: whether parameters per byte of tensor memory rise with model size (any machine: the bytes "
+               "the tensors take); not the step time")
+    lines = memory_lines(a.table) if a.table is not None else []
+    judged = [x for x in lines if x["sizes"] >= MIN_SIZES]
+    if not judged:
+        most = max((x["sizes"] for x in lines), default=0)
+        return {"verdict": "untested", "number": f"tensor memory at {most} size(s) per line" if lines else
+                "no tensor memory recorded", "why": f"{decides}; needs tensor memory (tensor_peak_bytes) at "
+                f"{MIN_SIZES} or more sizes along a line of sizes"}
+    num = "; ".join(f"{x['label']}: {x['first']:.3g} to {x['last']:.3g} parameters per byte over {x['sizes']} sizes "
+                    f"(tensor bytes' log-log slope {x['slope']:.2f})" for x in judged)
+    short = [x["label"] for x in lines if x["sizes"] < MIN_SIZES]
+    rest = f" ({len(short)} line(s) with fewer than {MIN_SIZES} sizes not judged: {', '.join(short)})" if short else ""
+    falls = [x["label"] for x in judged if not x["rises"]]
+    return claims.verdict(not falls, num, f"{decides}; they rise from every size to the next on every line{rest}",
+                          f"{decides}; they fall between two sizes on {', '.join(falls)}{rest}")
+
+
+CLAIMS = (claims.Claim("Model-size scaling: parameters per byte of tensor memory", PUBLISHED_MEMORY, judge_memory,
+                       NAME, test_with=""),
+          claims.Claim("Model-size scaling: step time", PUBLISHED_TIME, judge, NAME))
+"""The published claims this study answers, the model-size scaling in two parts: parameters per byte of tensor
+memory, which any machine decides, and the step time, which needs the paper's hardware."""
