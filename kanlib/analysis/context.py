@@ -398,7 +398,7 @@ def check_model(ctx: Context) -> ModelCheck:
                    f"{commmodel.margin_phrase(val.step_median_abs_err, val.step_median_lo, val.step_margin)}, of "
                    f"the exposed communication "
                    f"{commmodel.margin_phrase(val.exposed_median_abs_err, val.exposed_median_lo, val.exposed_margin)}"
-                   f", the largest step error {val.far_text}")
+                   f", the largest error of a point's median step {val.far_text}")
         band = max(val.step_median_abs_err, val.step_max_abs_err if np.isfinite(val.step_max_abs_err) else 0.0)
         exposed_band = val.exposed_median_hi if np.isfinite(val.exposed_median_hi) else val.exposed_median_abs_err
     else:

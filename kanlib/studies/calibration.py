@@ -522,7 +522,7 @@ def finding(a: StudyAnalysis) -> list[dict]:
                      f"{commmodel.margin_phrase(val.step_median_abs_err, val.step_median_lo, val.step_margin)}, of "
                      f"the exposed communication "
                      f"{commmodel.margin_phrase(val.exposed_median_abs_err, val.exposed_median_lo, val.exposed_margin)}"
-                     f", the largest step error {val.far_text}")
+                     f", the largest error of a point's median step {val.far_text}")
     tw = a.extra.get("transfer_waiting")
     if tw is not None and len(tw):
         parts.append("waiting share of the hook time " + ", ".join(
