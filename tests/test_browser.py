@@ -109,3 +109,35 @@ def test_front_page_has_one_verdict_row_per_published_claim_in_chromium(browser,
         os.makedirs(shots, exist_ok=True)
         page.screenshot(path=os.path.join(shots, "front_page_browser_test.png"))
     page.close()
+
+
+def test_the_first_screen_holds_the_bottom_line_and_the_page_is_short_with_sections_folded(browser, full_study_dir):
+    """Issue 36.1/5: at 1366x768 the first screen holds the bottom line (the machine, what it decides, the GPU
+    path's status) and the verdicts begin on it; a table of contents links every section; with every section folded
+    the page is at most 12 screens; opening a section from the contents shows its figures, each with a y-axis
+    title."""
+    path = report.build_report(str(full_study_dir), guidelines=guidelines.from_out_dir(str(full_study_dir)))
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:", "about:"))
+               else r.abort())
+    page.goto("file://" + os.path.abspath(path), wait_until="load")
+    bottom = page.locator("#bottom-line")
+    box = bottom.bounding_box()
+    assert box and box["y"] + box["height"] <= 768, box
+    text = bottom.inner_text()
+    assert "CPU" in text and "has not run on a GPU" in text and "[min, max]" in text
+    assert page.locator("#verdicts").bounding_box()["y"] < 768
+    anchors = page.evaluate("() => [...document.querySelectorAll('section')].map(s => s.id)")
+    links = page.evaluate("() => [...document.querySelectorAll('nav#toc a')].map(a => a.getAttribute('href'))")
+    assert links == [f"#{a}" for a in anchors] and len(anchors) >= 10
+    height = page.evaluate("() => document.documentElement.scrollHeight")
+    assert height <= 12 * 768, height
+    page.locator("nav#toc a[href='#strong_scaling']").click()
+    page.wait_for_function("() => document.querySelector('#strong_scaling details').open")
+    plots = page.locator("#strong_scaling .js-plotly-plot")
+    assert plots.count() >= 1
+    for i in range(plots.count()):
+        titles = plots.nth(i).evaluate("p => (p.layout ? Object.keys(p.layout).filter(k => k.startsWith('yaxis'))"
+                                       ".map(k => (p.layout[k].title || {}).text || '') : [])")
+        assert titles and all(t.strip() for t in titles), titles
+    page.close()

@@ -197,3 +197,20 @@ def test_attribution_without_mlp_twins_is_untested(tmp_path):
     assert [c.title for c in communication.CLAIMS] == ["Communication overhead",
                                                        "Attribution: not KAN's gradient structure",
                                                        "Attribution: all-reduce algorithm and inter-node latency"]
+
+
+def test_the_overhead_verdict_and_finding_count_the_same_points_and_name_every_setting(tmp_path):
+    # issue 36.4: the overhead read "over 6 points" on the front page and "5 points" in the findings, and its 27.6%
+    # was a grad_accum_steps=2 point labelled only "(1x2, 25 MiB)": one definition of the points, options left out
+    from kanlib import report
+    from kanlib.studies import communication
+
+    write_records(tmp_path, comm_records("1x2") + comm_records("2x1") + options_records())
+    a = report.analyze(str(tmp_path), "communication")
+    pts = communication.overhead_points(a.table.data)
+    assert len(pts) and (pts["grad_accum_steps"].fillna(1) == 1).all() and (pts["comm_hook"] == "timed").all()
+    machine = {"on_gpu": True, "max_n": 8, "real_nodes": True}
+    v = communication.judge_overhead(a, machine, "")
+    [f] = [f for f in communication.finding(a) if f["topic"].startswith("Communication overhead")]
+    n = len(pts)
+    assert (f"({n} points)" in v["number"]) == (n > 1) and f["ours"].endswith(f"over {n} points")
