@@ -294,3 +294,13 @@ def test_a_printed_interval_never_rounds_a_rejected_low_end_up_to_the_bound():
     assert fmt.ci_text(0.85, 0.72, 0.95, fmt.pct) == "85% [72%, 95%]"  # exact bounds stay
     assert fmt.ci_text(0.0615, 0.0612, 0.0634, fmt.pct1) == "6.2% [6.1%, 6.4%]"
     assert stats.reaches(0.85, 0.719, 0.95, 0.8, 5) != "yes"  # the rule it must agree with
+
+
+def test_a_ranking_whose_medians_and_intervals_place_a_point_apart_is_near_the_tie():
+    # two quiet studies: 1x1 soonest to target (A), then 1x1 and 1x2 tied (C) by a wider 1x1 interval; C names the
+    # decision as near the tie, A (medians and intervals agree) does not
+    a = stats.tie_unsettled([0.1869, 0.2275], [0.1855, 0.2153], [0.1897, 0.2348])
+    c = stats.tie_unsettled([0.1922, 0.2548], [0.1830, 0.2314], [0.2151, 0.2696])
+    assert a.tolist() == [False, False] and c.tolist() == [False, True]
+    assert stats.tie_unsettled([0.1, 0.2], [np.nan, np.nan], [np.nan, np.nan]).tolist() == [False, False]
+    assert stats.near_tie_note(["1x2 0.255 s"]).startswith("near the tie with the best")

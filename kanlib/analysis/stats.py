@@ -191,6 +191,27 @@ def near_note(points: list[str], target: float, what: str = "95% interval") -> s
     return f"near the {target:.0%} target ({what} holds it): " + ", ".join(points)
 
 
+def tie_unsettled(values, lo, hi, margin: float = MARGIN) -> np.ndarray:
+    """For a ranking by time (smaller is better) that names together the points tied with the best (within ``margin``
+    of its median, or an interval reaching within ``margin`` of the best's interval): which points the medians and
+    the intervals place on different sides of the tie. Such a decision could change within its intervals (a quiet
+    study put 1x2 clear of 1x1 on time to target, the next, with a wider 1x1 interval, tied them): it is named as
+    near the tie. Points without a finite interval are judged settled."""
+    v, lo, hi = (np.asarray(x, dtype=float) for x in (values, lo, hi))
+    b = int(np.nanargmin(v))
+    by_median = v <= v[b] * (1 + margin)
+    by_interval = lo <= hi[b] * (1 + margin)
+    known = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(hi[b])
+    return known & (by_median != by_interval)
+
+
+def near_tie_note(points: list[str]) -> str:
+    """What a ranking's ``rests_on`` says of the points :func:`tie_unsettled` names; '' when none."""
+    if not points:
+        return ""
+    return "near the tie with the best (its median and its 95% interval place it apart): " + ", ".join(points)
+
+
 def holds_row(row, col: str, target: float) -> bool:
     """:func:`holds` of a table row's ``col`` with its interval ``col_lo``/``col_hi`` and its ``n_runs``."""
     return holds(row.get(col), row.get(f"{col}_lo"), row.get(f"{col}_hi"), target, row.get("n_runs"))

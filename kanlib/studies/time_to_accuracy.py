@@ -492,8 +492,9 @@ def _time_ci(row) -> str:
     return f"{v:.3g} s"
 
 
-def _soonest(g: pd.DataFrame, label: str, target: str, text: list) -> tuple[str, float]:
-    """The answer for one series that reached the target somewhere, and the best time."""
+def _soonest(g: pd.DataFrame, label: str, target: str, text: list) -> tuple[str, float, str]:
+    """The answer for one series that reached the target somewhere, the best time, and its near-the-tie note
+    (:func:`kanlib.analysis.stats.tie_unsettled`)."""
     done = g[g["time_to_target_s"].notna()]
     full = done[done["all_reached"]]
     pool = (full if not full.empty else done).sort_values("time_to_target_s")
@@ -506,6 +507,9 @@ def _soonest(g: pd.DataFrame, label: str, target: str, text: list) -> tuple[str,
     # study runs (1x1 named in one of two runs of 64b3775, tied in the other)
     overlap = (lo <= float(hi.iloc[0]) * (1 + stats.MARGIN)) & np.isfinite(hi.iloc[0]) & np.isfinite(lo)
     tied = pool[stats.within_margin(pool["time_to_target_s"]) | overlap]
+    unsettled = stats.tie_unsettled(pool["time_to_target_s"], lo, hi)
+    near = stats.near_tie_note([f"{r['placement']} {_time_ci(r)}" for (_, r), u in zip(pool.iterrows(), unsettled)
+                                if u])
     if len(tied) > 1:
         names = ", ".join(sorted(tied["placement"], key=groups.placement_key))
         answer = (f"no measurable difference between {names}: within {stats.MARGIN:.0%} of "
@@ -523,7 +527,7 @@ def _soonest(g: pd.DataFrame, label: str, target: str, text: list) -> tuple[str,
                 + f"({best['steps_to_target']:.0f} steps, {best['samples_to_target']:,.0f} samples)"
                 + (f"; also: {rest}" if rest else "")
                 + (f"; never reached at {', '.join(missed)}" if missed else "") + ".")
-    return answer, float(best["time_to_target_s"])
+    return answer, float(best["time_to_target_s"]), near
 
 
 def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
@@ -541,12 +545,13 @@ def guideline(ctx: Context, goals: Goals) -> tuple[list[dict], list[str]]:
         what = (f"global batch {key['series_batch']}" if key["series"] == "strong"
                 else f"{key['series_batch']} samples per process")
         label = f"{label}, {key['series']} ({what})"
+        near = ""
         if g["time_to_target_s"].notna().any():
-            answer, value = _soonest(g, label, target, text)
+            answer, value, near = _soonest(g, label, target, text)
         else:
             answer, value = f"none reached validation loss {target}", np.nan
             text.append(f"{label}: no placement reached the target validation loss {target} (best final loss "
                         f"{g['final_val_loss'].min():.4g}); train longer or raise the target.")
         rows.append({"question": "placement that reaches the target soonest", "group": label, "answer": answer,
-                     "value": value, "basis": NAME})
+                     "value": value, "basis": NAME, "near": near})
     return rows, text
