@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 
 from kanlib.disturbance import disturbance
-from kanlib.records import (MANIFEST_NAME, RECORD_NAME, STEPS_NAME, RecordError, field_doc, json_default, new_run_id,
-                            now_iso, read_record)
+from kanlib.records import (MANIFEST_NAME, RECORD_NAME, STEPS_NAME, RecordError, field_doc, fsync_dir, json_default,
+                            new_run_id, now_iso, read_record, write_synced)
 
 
 # -- the study's logs: manifest, launches, sweeps, worker-group events ---------------------------------------------
@@ -297,7 +297,7 @@ def set_aside(run_dir: str) -> str | None:
         _copy_synced(steps, os.path.join(keep, f"{rid}.steps.csv"))
     dest = os.path.join(keep, f"{rid}.json")
     _copy_synced(path, dest)
-    _write_synced(os.path.join(keep, RERUN_MARK), rid)  # last: a mark names only a complete copy
+    write_synced(os.path.join(keep, RERUN_MARK), rid)  # last: a mark names only a complete copy
     return dest
 
 
@@ -322,7 +322,7 @@ def restore_set_aside(run_dir: str) -> dict | None:
         if os.path.exists(steps):
             os.replace(steps, os.path.join(run_dir, STEPS_NAME))
         os.replace(os.path.join(keep, f"{rid}.json"), path)  # last: the record marks the run complete
-        _fsync_dir(run_dir)
+        fsync_dir(run_dir)
         back = read_record(path)
     os.remove(mark)
     return back
@@ -331,32 +331,7 @@ def restore_set_aside(run_dir: str) -> dict | None:
 def _copy_synced(src: str, dest: str) -> None:
     """Copy ``src`` to ``dest`` through a temporary file, synced and renamed (never half a copy)."""
     with open(src, "rb") as f:
-        _write_synced(dest, f.read())
-
-
-def _write_synced(path: str, data) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(os.path.dirname(path))
-
-
-def _fsync_dir(folder: str) -> None:
-    dfd = os.open(os.path.abspath(folder), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        write_synced(dest, f.read())
 
 
 def earlier_attempts(run_dir: str) -> list | None:

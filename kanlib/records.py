@@ -552,15 +552,20 @@ def iso(t: float) -> str:
 
 
 def atomic_write_json(path: str, obj) -> None:
-    """Write ``obj`` to a temporary file, fsync it and rename it into place (a crash or a full disk
-    leaves the old file, or none, never half a file; the temporary file is removed)."""
+    """Write ``obj`` as JSON with :func:`write_synced` (a crash or a full disk leaves the old file, or none, never
+    half a file; the temporary file is removed)."""
     if dataclasses.is_dataclass(obj):
         obj = obj.to_dict() if hasattr(obj, "to_dict") else dataclasses.asdict(obj)
+    write_synced(path, json.dumps(obj, indent=1, sort_keys=True, default=json_default) + "\n")
+
+
+def write_synced(path: str, data) -> None:
+    """Write ``data`` (text or bytes) to a temporary file beside ``path``, fsync it, rename it into place and fsync
+    the folder: a reader sees the old file or the whole new one; on any error the temporary file is removed."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=True, default=json_default)
-            f.write("\n")
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -570,7 +575,12 @@ def atomic_write_json(path: str, obj) -> None:
         except OSError:
             pass
         raise
-    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def fsync_dir(folder: str) -> None:
+    """fsync a folder, so a rename into it survives a crash."""
+    dfd = os.open(os.path.abspath(folder), os.O_RDONLY)
     try:
         os.fsync(dfd)
     finally:

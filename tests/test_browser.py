@@ -68,6 +68,15 @@ def open_offline(browser, path: str) -> dict:
     return {"requested": requested, "errors": errors, "plots": n_plots, "svg": n_svg, "points": n_points}
 
 
+def offline_page(browser, path: str, width: int, height: int):
+    """``path`` opened at ``width`` x ``height`` with every request but local files aborted."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:", "about:"))
+               else r.abort())
+    page.goto("file://" + os.path.abspath(path), wait_until="load")
+    return page
+
+
 def test_report_renders_offline_in_chromium(browser, full_study_dir):
     path = report.build_report(str(full_study_dir), guidelines=guidelines.from_out_dir(str(full_study_dir)))
     seen = open_offline(browser, path)
@@ -92,10 +101,7 @@ def test_front_page_has_one_verdict_row_per_published_claim_in_chromium(browser,
     a verdict of the four, the project's own findings and the machine, all within the first 1300x1000 screen's
     reach of the top (a screenshot is kept for the closing note when KANLIB_SCREENSHOTS names a folder)."""
     path = report.build_report(str(full_study_dir), guidelines=guidelines.from_out_dir(str(full_study_dir)))
-    page = browser.new_page(viewport={"width": 1300, "height": 1000})
-    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:", "about:"))
-               else r.abort())
-    page.goto("file://" + os.path.abspath(path), wait_until="load")
+    page = offline_page(browser, path, 1300, 1000)
     rows = page.locator("#verdicts tr.verdict")
     assert rows.count() == len(front.published_claims())
     claims = [rows.nth(i).locator("td").nth(0).inner_text() for i in range(rows.count())]
@@ -117,10 +123,7 @@ def test_the_first_screen_holds_the_bottom_line_and_the_page_is_short_with_secti
     the page is at most 12 screens; opening a section from the contents shows its figures, each with a y-axis
     title."""
     path = report.build_report(str(full_study_dir), guidelines=guidelines.from_out_dir(str(full_study_dir)))
-    page = browser.new_page(viewport={"width": 1366, "height": 768})
-    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:", "about:"))
-               else r.abort())
-    page.goto("file://" + os.path.abspath(path), wait_until="load")
+    page = offline_page(browser, path, 1366, 768)
     bottom = page.locator("#bottom-line")
     box = bottom.bounding_box()
     assert box and box["y"] + box["height"] <= 768, box
