@@ -133,7 +133,10 @@ def test_exposed_communication_on_two_gloo_processes(tmp_path):
     # the hook saw DDP's real buckets: 43k float32 gradients (172 kB) fit one 25 MiB bucket and need more
     # than one 0.05 MiB bucket (a parameter tensor is never split, so not 172/52 of them)
     assert timed.loc[25.0, "n_buckets"] == 1 and timed.loc[0.05, "n_buckets"] >= 2
-    t = communication.table(df).data.set_index("bucket_cap_mb")
+    # one population, disturbed or not: with disturbed runs kept they form groups of their own, and a busy machine
+    # (CI: 2 of 4 runs still disturbed) leaves a timed run without its no-op twin; what is checked here is the plumbing
+    t = communication.table(df.drop(columns=["disturbed", "disturbed_why"], errors="ignore")).data
+    t = t.set_index("bucket_cap_mb")
     assert (t["exposed_s"] >= 0).all() and (t["exposed_s"] <= t["comm_total_s"]).all()
     # the raw difference is kept, and clipping it into [0, total] is flagged, never silent
     assert (t["exposed_raw_s"] == t["t_allreduce_s"] - t["t_noop_s"]).all()
