@@ -23,12 +23,10 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as _dt
-import json
 import os
 import platform
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,6 +36,8 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
+from benchmarks import write_record  # noqa: E402
+from kanlib import records  # noqa: E402
 from kanlib.config import RunConfig  # noqa: E402
 from kanlib.data import make_dataset  # noqa: E402
 from kanlib.model import KAN, kernel_paths, reset_kernel_paths  # noqa: E402
@@ -112,14 +112,6 @@ def measure(grid_size: int, batch: int, rounds: int, warmup: int, dtype: torch.d
     return {"grid_size": grid_size, "batch": batch, "rows": rows}
 
 
-def _git_sha() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parents[1]).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid-sizes", type=str, default="5,10,20", help="the recipe's grid sizes")
@@ -149,17 +141,13 @@ def main(argv=None) -> dict:
     for k, v in checks.items():
         print(f"  {'PASS' if v <= TARGET else 'FAIL'}  {k}: {v:.2f}x")
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    record = {"benchmark": "adaptive_grid", "timestamp_utc": stamp, "git_sha": _git_sha(),
+    record = {"benchmark": "adaptive_grid", "timestamp_utc": stamp, "git_sha": records.git_sha(),
               "torch_version": torch.__version__, "python": platform.python_version(), "hostname": socket.gethostname(),
               "cpu_count": os.cpu_count(), "threads": args.threads, "dtype": args.dtype, "rounds": args.rounds,
               "warmup": args.warmup, "widths": [2, 5, 1], "spline_order": 3, "optimizer": "lbfgs max_iter=5",
               "target_eval_ratio": TARGET, "results": results,
               "acceptance": {k: {"ratio": v, "pass": v <= TARGET} for k, v in checks.items()}}
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"adaptive_grid-{stamp}.json"
-    path.write_text(json.dumps(record, indent=1))
-    print(f"\nrecord written to {path}")
+    write_record(args.out_dir, "adaptive_grid", stamp, record)
     return record
 
 

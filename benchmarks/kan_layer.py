@@ -51,6 +51,7 @@ if __package__ in (None, ""):  # `python benchmarks/kan_layer.py`
 
 import torch
 
+from benchmarks import write_record
 from kanlib.model import (KAN, ChebyKAN, RBFKAN, compile_seconds, count_params, kernel_paths, matched_mlp,
                           reset_kernel_paths)
 
@@ -403,11 +404,7 @@ def main(argv=None) -> dict:
         "acceptance": {dev: ({k: {"pass": ok, "measured": what} for k, (ok, what) in checks.items()}
                              if checks else None) for dev, checks in acc.items()},
     }
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"kan_layer-{stamp}.json"
-    path.write_text(json.dumps(record, indent=1))
-    print(f"\nrecord written to {path}")
+    write_record(args.out_dir, "kan_layer", stamp, record)
     return record
 
 

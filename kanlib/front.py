@@ -183,7 +183,7 @@ def bottom_line_html(vs: list[dict], m: dict) -> str:
     whether kanlib's CUDA/NCCL path has run on a GPU."""
     import kanlib
 
-    here = m["rows"][1][1] if len(m["rows"]) > 1 else "not recorded"
+    here = dict(m["rows"]).get("compute", "not recorded")
     decided = [v["claim"] for v in vs if v["verdict"] in ("confirmed", "contradicted")]
     not_here = [v["claim"] for v in vs if v["verdict"] == claims.NOT_COMPARABLE]
     untested = [v["claim"] for v in vs if v["verdict"] == "untested"]

@@ -468,7 +468,7 @@ def readme_results(out_dir: str, guidelines=None) -> str:
     vs = front.verdicts(all_a, g, out_dir, ctx)
     lines = [README_START, "", f"From the records of commit {shas} (`make study`, then "
              f"`python -m kanlib.report {os.path.basename(os.path.abspath(out_dir))} --readme`); the report says "
-             f"why for each.", "", "Machine: " + cell(m["rows"][1][1]) + f"; up to {m['max_n']} process(es)"
+             f"why for each.", "", "Machine: " + cell(dict(m["rows"]).get("compute", "not recorded")) + f"; up to {m['max_n']} process(es)"
              + ("" if m["real_nodes"] else ", 'nodes' on one host") + ".", "",
              "| published claim | verdict | measured | what would test it |", "|---|---|---|---|"]
     for v in vs:

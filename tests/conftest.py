@@ -9,8 +9,7 @@ import time
 import pytest
 
 import runhelp
-from synthetic import (INJECTED, ddp_records, links, rec, write_bench, write_new_studies, write_records,
-                       write_study)
+from synthetic import write_calibrated, write_new_studies, write_study
 
 
 # Tests of more than a few seconds (torch.compile, notebooks, subprocesses, training to an accuracy) in modules
@@ -124,17 +123,9 @@ def full_study_dir(study_dir):
 
 @pytest.fixture
 def calibrated(tmp_path):
-    """A collective benchmark (1x2, 2x1, 2x1 through a 5 ms emulated link) and DDP runs that follow its link
-    model exactly, with single- and two-process strong-scaling runs (a compute profile and points to overlay)."""
-    write_bench(tmp_path, "1x2", links())
-    write_bench(tmp_path, "2x1", links())
-    write_bench(tmp_path, "2x1", links(INJECTED), emulate_latency_s=INJECTED)
-    recs = ddp_records()
-    for w, t in ((1, 0.010), (2, 0.0056)):
-        recs += [rec(world_size=w, nproc_per_node=w, global_batch=512, n_params=1_000, widths=[2, 8, 1], grid_size=5,
-                     step_time_s=t * (1 + 0.01 * r), backward_s=0.6 * t, repeat=r) for r in range(3)]
-    write_records(tmp_path, recs)
-    return tmp_path
+    """:func:`synthetic.write_calibrated`: a collective benchmark with an emulated link and DDP runs that follow its
+    link model exactly, with single- and two-process strong-scaling runs."""
+    return write_calibrated(tmp_path)
 
 
 @pytest.fixture

@@ -385,3 +385,18 @@ def default_study_overlap():
         out += [rec(study="compounding", world_size=w, global_batch=4096, step_time_s=t, steps=12, warmup_steps=3,
                     **dict(common, kan_impl=impl, kan_path=impl)) for w, t in ((1, t1), (2, t2))]
     return out
+
+
+def write_calibrated(root, two_process_step_s: float = 0.0056, **kw):
+    """A collective benchmark (1x2, 2x1, 2x1 through a 5 ms emulated link) and DDP runs that follow its link model
+    exactly, with single- and two-process strong-scaling runs (a compute profile and points to overlay): the
+    one-process step 10 ms, the two-process one ``two_process_step_s``; ``kw`` goes to those runs' records."""
+    write_bench(root, "1x2", links())
+    write_bench(root, "2x1", links())
+    write_bench(root, "2x1", links(INJECTED), emulate_latency_s=INJECTED)
+    recs = ddp_records()
+    for w, t in ((1, 0.010), (2, two_process_step_s)):
+        recs += [rec(world_size=w, nproc_per_node=w, global_batch=512, n_params=1_000, widths=[2, 8, 1], grid_size=5,
+                     step_time_s=t * (1 + 0.01 * r), backward_s=0.6 * t, repeat=r, **kw) for r in range(3)]
+    write_records(root, recs)
+    return root

@@ -9,8 +9,7 @@ import re
 
 import pytest
 
-from synthetic import (ddp_records, options_records, rec, strong_records, write_bench, write_records, write_steps,
-                       links, INJECTED)
+from synthetic import ddp_records, links, strong_records, write_bench, write_calibrated, write_records, write_steps
 
 from kanlib import front, guidelines, report, studies
 from kanlib.analysis import fmt, load, presets, style
@@ -102,15 +101,7 @@ def test_the_published_setup_names_each_bar_whole_and_keeps_the_legend_off_the_l
 def test_the_extrapolation_names_its_links_and_flags_every_point_above_100_percent(tmp_path):
     """A measured two-process point at 125% efficiency (the one-process baseline slower than its share), CPU
     processes on gloo links: the axis said "GPUs" and the point was drawn off the top of a 0-105% axis, unflagged."""
-    write_bench(tmp_path, "1x2", links())
-    write_bench(tmp_path, "2x1", links())
-    write_bench(tmp_path, "2x1", links(INJECTED), emulate_latency_s=INJECTED)
-    recs = ddp_records()
-    for w, t in ((1, 0.010), (2, 0.004)):
-        recs += [rec(world_size=w, nproc_per_node=w, global_batch=512, n_params=1_000, widths=[2, 8, 1], grid_size=5,
-                     step_time_s=t * (1 + 0.01 * r), backward_s=0.6 * t, repeat=r, device="cpu", backend="gloo")
-                 for r in range(3)]
-    write_records(tmp_path, recs)
+    write_calibrated(tmp_path, two_process_step_s=0.004, device="cpu", backend="gloo")
     a = report.extrapolation(str(tmp_path), bench_time_col="time_s", kan_sizes=[[2, 8, 1]], bucket_caps_mb=(25.0,),
                              max_world_size=64, at_world_size=16)
     fig = a.figures["efficiency"]

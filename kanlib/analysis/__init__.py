@@ -14,4 +14,8 @@
   report section made of them (``StudyAnalysis``).
 - ``commmodel``: the all-reduce performance model, fitted on the collective benchmark.
 - ``presets``: hardware presets of that model (specifications, not measurements).
+- ``claims``: a published claim and its verdict (what a study module's ``CLAIMS`` hold).
+- ``advisor``: the quantities that carry to another machine and the deployment advisor's model (kanlib.advise).
+- ``twins``: a KAN beside its matched-parameter MLP at equal gradient bytes, compared round by round.
+- ``reconcile``: one model measured by several studies at one placement, side by side.
 """
